@@ -1,0 +1,7 @@
+"""The acoustic model: conv subsampling, transformer/conformer encoder, CTC head, built from ``ModelConfig``."""
+
+from asr.model.asr_model import ASRModel
+from asr.model.config import ModelConfig
+from asr.model.subsampling import subsampled_lengths
+
+__all__ = ["ASRModel", "ModelConfig", "subsampled_lengths"]
