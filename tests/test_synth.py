@@ -47,3 +47,12 @@ def test_rerun_keeps_existing_wavs(speech_corpus, sentences_file):
     )
     assert wav.stat().st_mtime_ns == before
     assert _records(again["train"]) == _records(speech_corpus["train"])
+
+
+def test_restrict_vocabulary_keeps_sentences_of_common_words():
+    from data_prep.synth import restrict_vocabulary
+
+    pool = ["the cat sat down", "the dog sat down", "the cat ran down", "zebra quokka aardvark okapi"]
+    kept = restrict_vocabulary(pool, 6)
+    assert "zebra quokka aardvark okapi" not in kept and "the cat sat down" in kept
+    assert restrict_vocabulary(pool, None) == pool
