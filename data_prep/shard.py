@@ -192,9 +192,6 @@ def register_configs() -> None:
     cs.store(group="feature", name="spectrogram_8k", node=spec8k)
 
 
-register_configs()
-
-
 def build_executor_config(cfg: Any) -> ExecutorConfig:
     return OmegaConf.to_object(cfg)
 
@@ -220,4 +217,5 @@ def main(cfg: ShardJobConfig) -> None:
 
 
 if __name__ == "__main__":
+    register_configs()  # NOTE: only for the CLI, so importing shard_manifest() leaves the ConfigStore alone
     main()

@@ -109,3 +109,8 @@ def remove_stale_temps(url: str) -> int:
     for p in stale:
         p.unlink(missing_ok=True)
     return len(stale)
+
+
+def open_input_stream(url: str) -> BinaryIO:
+    """A binary file object for reading a local path or fsspec URL (a context manager)."""
+    return fsspec.open(url, "rb").open()
