@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 RUN ?= runs/demo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := espeak-ng
-TEST_APT_PACKAGES := espeak-ng chromium
+TEST_APT_PACKAGES := espeak-ng chromium chromium-driver
 
 .PHONY: demo test lint bench sysdeps test-sysdeps clean-demo
 
