@@ -18,7 +18,9 @@ import torch
 
 IN_FLIGHT_PER_WORKER = 2  # queued tasks per worker: keeps workers busy without holding the whole plan
 LOOPBACK = "127.0.0.1"
-START_METHOD = "spawn"  # NOTE: fork after torch has started its thread pools can deadlock the child
+# NOTE: fork starts a worker in ~0.1 s; spawn re-imports torch in every worker (2-9 s on a busy 2-core box),
+# which would dominate small jobs. Forked workers run torch single-threaded (see single_threaded_torch).
+START_METHOD = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
 
 
 @dataclass

@@ -134,9 +134,8 @@ def write_shard(spec: ShardSpec) -> ShardResult:
     """Featurize the spec's utterances into one deterministic tar; returns counts, CMVN sums and rejects."""
     cfg = FeatureConfig.from_dict(spec.feature)
     result = ShardResult(index=spec.index, name=spec.name, fingerprint=spec.fingerprint())
-    sums = np.zeros(cfg.dim, np.float64)  # [D]
-    sums_sq = np.zeros(cfg.dim, np.float64)  # [D]
-    found: list[tuple[Record, str]] = []
+    sums = np.zeros((2, cfg.dim), np.float64)  # [2, D]: sum, sum of squares
+    failed: dict[str, str] = {}
     with storage.atomic_writer(spec.url) as f:
         out = _HashingWriter(f)
         with tarfile.open(fileobj=out, mode="w", format=TAR_FORMAT) as tar:
@@ -144,20 +143,25 @@ def write_shard(spec: ShardSpec) -> ShardResult:
                 try:
                     text, feats, meta = _build_sample(record, cfg, spec)
                 except Reject as e:
-                    found.append((record, e.reason))
+                    failed[record["id"]] = e.reason
                     continue
                 _add_sample(tar, sample_key(record["id"]), text, feats, meta)
-                x = feats.astype(np.float64)  # [T, D]
-                sums += x.sum(axis=0)
-                sums_sq += np.square(x).sum(axis=0)
-                result.utterances += 1
-                result.frames += feats.shape[0]
-                result.seconds += meta["duration"]
+                _accumulate(result, sums, feats, meta["duration"])
     result.bytes, result.sha256 = out.tell(), out.hexdigest()
-    result.cmvn_sum, result.cmvn_sum_sq = sums.tolist(), sums_sq.tolist()
-    result.rejects = _ordered_rejects(spec, {r["id"]: reason for r, reason in found})
+    result.cmvn_sum, result.cmvn_sum_sq = sums[0].tolist(), sums[1].tolist()
+    result.rejects = _ordered_rejects(spec, failed)
     storage.write_bytes(spec.sidecar_url, json.dumps(asdict(result), sort_keys=True).encode())
     return result
+
+
+def _accumulate(result: ShardResult, sums: np.ndarray, feats: np.ndarray, seconds: float) -> None:
+    """Count one written utterance; CMVN sums are taken on the stored float16 values ([T, D])."""
+    x = feats.astype(np.float64)  # [T, D]
+    sums[0] += x.sum(axis=0)
+    sums[1] += np.square(x).sum(axis=0)
+    result.utterances += 1
+    result.frames += feats.shape[0]
+    result.seconds += seconds
 
 
 def _ordered_rejects(spec: ShardSpec, failed: dict[str, str]) -> list[dict]:
