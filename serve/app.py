@@ -112,12 +112,12 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         temperature: float = Form(0.0),  # accepted and ignored: CTC decoding does not sample
     ) -> Response:
         _check_params(response_format, temperature)
-        data = await file.read()
-        await file.close()
-        feats, duration = await run_in_threadpool(
-            decode_upload, data, state.bundle.feature, state.cfg.max_audio_s
-        )
-        del data
+        with state.batcher.expecting():
+            data = await file.read()
+            await file.close()
+            feature, limit = state.bundle.feature, state.cfg.max_audio_s
+            feats, duration = await run_in_threadpool(decode_upload, data, feature, limit)
+            del data
         transcript = await state.batcher.submit((feats, duration))
         state.metrics.observe_audio(duration)
         return transcription_response(transcript, response_format, language or state.cfg.language)

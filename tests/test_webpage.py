@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 
 import pytest
 from serve_helpers import make_tiny_bundle, running_server
@@ -25,8 +26,11 @@ CHROME_ARGS = (
     "--disable-component-update",
     "--disable-sync",
     "--no-first-run",
+    "--use-fake-ui-for-media-stream",  # grant the microphone without a prompt
+    "--use-fake-device-for-media-stream",  # a synthetic microphone (a beep), so recording runs headless
 )
 WAIT_S = 60
+RECORD_S = 1.5
 
 pytestmark = pytest.mark.skipif(
     not (CHROMIUM and CHROMEDRIVER),
@@ -88,3 +92,25 @@ def test_page_reports_server_errors(browser, tmp_path, sentences_file):
         transcript = browser.find_element(By.ID, "transcript")
         WebDriverWait(browser, WAIT_S).until(lambda _: transcript.get_attribute("data-state") == "error")
         assert "Unsupported" in browser.find_element(By.ID, "error").text
+
+
+def test_recording_from_the_microphone_uploads_a_wav(browser, tmp_path, sentences_file):
+    """The page records PCM through WebAudio, encodes a WAV in JavaScript, and the server accepts it."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    bundle_path = make_tiny_bundle(tmp_path, sentences_file)
+    with running_server(create_app(ServeConfig(model=str(bundle_path)))) as url:
+        browser.get(url + "/")
+        browser.find_element(By.ID, "record").click()
+        WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "stop").is_enabled())
+        time.sleep(RECORD_S)
+        browser.find_element(By.ID, "stop").click()
+        transcript = browser.find_element(By.ID, "transcript")
+        WebDriverWait(browser, WAIT_S).until(
+            lambda _: transcript.get_attribute("data-state") in ("done", "error")
+        )
+        assert browser.find_element(By.ID, "error").text == ""
+        timing = browser.find_element(By.ID, "timing").text
+        seconds = float(timing.split(" s of audio")[0])
+        assert RECORD_S * 0.5 < seconds < RECORD_S + 5  # the recorded length, give or take start-up
