@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -24,6 +25,7 @@ from asr.audio import featurize
 from asr.bundle import load_bundle
 from asr.longform import ChunkingConfig, Transcriber
 from serve.app import create_app
+from serve.batcher import MicroBatcher
 from serve.config import ServeConfig
 
 API_KEY_ENV = "ASR_TEST_API_KEY"
@@ -227,3 +229,39 @@ def test_python_m_serve_starts_the_api(bundle_path, wavs):
         out = proc.communicate(timeout=20)[0].decode()
     assert proc.returncode == 0, out
     assert not list(REPO.glob("outputs")), "hydra must not litter the working directory"
+
+
+def test_batcher_groups_concurrent_items_keeps_order_and_survives_failures():
+    batches: list[list[int]] = []
+
+    def square(items: list[int]) -> list[int]:
+        batches.append(items)
+        if -1 in items:
+            raise ValueError("bad item")
+        return [x * x for x in items]
+
+    async def scenario():
+        batcher = MicroBatcher(square, max_batch_size=4, max_wait_ms=2000)
+        batcher.start()
+        t0 = time.perf_counter()
+        assert await batcher.submit(3) == 9  # alone, nothing announced: no wait for company
+        lone_s = time.perf_counter() - t0
+
+        async def announced(x: int) -> int:
+            with batcher.expecting():
+                await asyncio.sleep(0.01 * (x % 3))  # uploads finishing at different times
+            return await batcher.submit(x)
+
+        results = await asyncio.gather(*(announced(x) for x in range(10)))
+        failed = await asyncio.gather(batcher.submit(-1), return_exceptions=True)
+        after = await batcher.submit(5)
+        await batcher.close()
+        return lone_s, results, failed, after
+
+    lone_s, results, failed, after = asyncio.run(scenario())
+    assert lone_s < 1.0
+    assert results == [x * x for x in range(10)]
+    grouped = batches[1:-2]  # the 10 announced items (first: the lone 3; last: the failure and the 5)
+    assert sorted(x for b in grouped for x in b) == list(range(10))
+    assert max(len(b) for b in grouped) == 4 and len(grouped) <= 5
+    assert isinstance(failed[0], ValueError) and after == 25
