@@ -119,25 +119,24 @@ class BeamSearchDecoder:
         self.tokenizer = tokenizer
         self.vocab_size = tokenizer.vocab_size
         tokens = [tokenizer.id_to_piece(i) for i in range(self.vocab_size)] + [SIL_PIECE]
-        self._tmp = tempfile.TemporaryDirectory(prefix="lexicon-")  # lives as long as the decoder
-        lexicon = _lexicon_path(options, tokenizer, Path(self._tmp.name))
-        self._decoder = ctc_decoder(
-            lexicon=lexicon,
-            tokens=tokens,
-            lm=options.lm,
-            nbest=1,
-            beam_size=options.beam_size,
-            beam_size_token=options.beam_size_token,
-            beam_threshold=options.beam_threshold,
-            lm_weight=options.lm_weight,
-            word_score=options.word_score,
-            unk_score=options.unk_score,
-            sil_score=0.0,
-            log_add=False,
-            blank_token=tokens[tokenizer.blank_id],
-            sil_token=SIL_PIECE,
-            unk_word=UNK_WORD,
-        )
+        with tempfile.TemporaryDirectory(prefix="lexicon-") as tmp:  # NOTE: read once, at construction
+            self._decoder = ctc_decoder(
+                lexicon=_lexicon_path(options, tokenizer, Path(tmp)),
+                tokens=tokens,
+                lm=options.lm,
+                nbest=1,
+                beam_size=options.beam_size,
+                beam_size_token=options.beam_size_token,
+                beam_threshold=options.beam_threshold,
+                lm_weight=options.lm_weight,
+                word_score=options.word_score,
+                unk_score=options.unk_score,
+                sil_score=0.0,
+                log_add=False,
+                blank_token=tokens[tokenizer.blank_id],
+                sil_token=SIL_PIECE,
+                unk_word=UNK_WORD,
+            )
 
     def decode(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[DecodingResult]:
         """log_probs [B, T, V], lengths [B] -> one result per utterance."""
