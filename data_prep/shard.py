@@ -139,7 +139,7 @@ def cmvn_stats(results: list[ShardResult], dim: int) -> dict:
 def check_rejects(summary: dict, max_fraction: float, out: str) -> None:
     seen = summary["utterances"] + summary["rejects"]
     if seen and summary["rejects"] / seen > max_fraction:
-        worst = Counter(summary["reject_reasons"]).most_common(TOP_REASONS)
+        worst = sorted(summary["reject_reasons"].items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_REASONS]
         reasons = ", ".join(f"{reason} ({n})" for reason, n in worst)
         raise TooManyRejects(
             f"{summary['rejects']} of {seen} utterances rejected (> max_reject_fraction {max_fraction}); "

@@ -23,6 +23,7 @@ import numpy as np
 from asr.audio import FEATURE_DTYPE, AudioError, FeatureConfig, featurize
 from asr.text import normalize
 from data_prep import storage
+from data_prep.integrity import declared_seconds, is_truncated
 
 FORMAT_VERSION = 1
 TAR_FORMAT = tarfile.GNU_FORMAT  # long keys without PAX headers
@@ -235,7 +236,19 @@ def _features(record: Record, cfg: FeatureConfig) -> tuple[np.ndarray, float]:
     finally:
         if not isinstance(src, str):
             src.close()
+    expected = _expected_seconds(record)
+    if is_truncated(duration, expected):
+        raise Reject("truncated_audio", f"decoded {duration:.3f}s of {expected:.3f}s")
     return feats.numpy().astype(FEATURE_DTYPE), duration
+
+
+def _expected_seconds(record: Record) -> float | None:
+    """Seconds a record should decode to: its segment, or what the file's header declares."""
+    start, end = record.get("start") or 0.0, record.get("end")
+    if end is not None:
+        return end - start
+    declared = declared_seconds(record["audio"])
+    return None if declared is None else declared - start
 
 
 def _audio_reason(message: str) -> str:

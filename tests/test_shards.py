@@ -164,6 +164,11 @@ def _bad_corpus(speech_corpus, d: Path) -> tuple[Path, dict[str, str]]:
     sf.write(d / "empty.wav", np.zeros(0), SAMPLE_RATE, subtype="PCM_16")
     _write_wav(d / "full.wav", 2.0)
     (d / "truncated.wav").write_bytes((d / "full.wav").read_bytes()[:30])  # header cut mid-way
+    (d / "cut.wav").write_bytes((d / "full.wav").read_bytes()[:20_000])  # data cut mid-way: 0.6 of 2 s
+    wav, _ = sf.read(d / "full.wav")
+    sf.write(d / "full.mp3", wav, SAMPLE_RATE, format="MP3")
+    mp3 = (d / "full.mp3").read_bytes()
+    (d / "cut.mp3").write_bytes(mp3[: len(mp3) // 2])
     _write_wav(d / "blip.wav", 0.05)
     _write_wav(d / "long.wav", 6.0)
     bad = {
@@ -171,6 +176,9 @@ def _bad_corpus(speech_corpus, d: Path) -> tuple[Path, dict[str, str]]:
         "b-notes": ("notes.wav", "a text file", "unreadable_audio"),
         "b-empty": ("empty.wav", "no samples", "empty_audio"),
         "b-trunc": ("truncated.wav", "cut short", "unreadable_audio"),
+        "b-cutwav": ("cut.wav", "cut mid data", "truncated_audio"),
+        "b-cutmp3": ("cut.mp3", "cut mid stream", "truncated_audio"),
+        "b-mp3": ("full.mp3", "a whole mp3 is fine", None),
         "b-missing": ("nowhere.wav", "no such file", "missing_audio"),
         "b-short": ("blip.wav", "too short", "too_short"),
         "b-long": ("long.wav", "too long", "too_long"),
@@ -180,12 +188,18 @@ def _bad_corpus(speech_corpus, d: Path) -> tuple[Path, dict[str, str]]:
     lines = [json.dumps(g).encode() for g in good]
     for uid, (wav, text, _) in bad.items():
         lines.append(json.dumps({"id": uid, "audio": wav, "text": text}).encode())
+    segment = {"id": "b-segment", "audio": "full.wav", "text": "past the end", "start": 1.0, "end": 4.0}
+    lines.append(json.dumps(segment).encode())  # the 2 s file ends before the segment does
     lines.append(b'{"id": "b-latin1", "audio": "full.wav", "text": "caf\xe9 au lait"}')  # not UTF-8
     lines.append(json.dumps({"id": good[0]["id"], "audio": "full.wav", "text": "again"}).encode())
     manifest = d / "bad.jsonl"
     manifest.write_bytes(b"\n".join(lines) + b"\n")
-    expected = {uid: reason for uid, (_, _, reason) in bad.items()}
-    expected |= {"b-latin1": "transcript_not_utf8", good[0]["id"]: "duplicate_id"}
+    expected = {uid: reason for uid, (_, _, reason) in bad.items() if reason}
+    expected |= {
+        "b-segment": "truncated_audio",
+        "b-latin1": "transcript_not_utf8",
+        good[0]["id"]: "duplicate_id",
+    }
     return manifest, expected
 
 
@@ -196,16 +210,16 @@ def test_each_kind_of_bad_input_is_rejected_with_its_reason(speech_corpus, tmp_p
     rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
     assert {r["id"]: r["reason"] for r in rejects} == expected
     assert len(rejects) == len(expected) == summary["rejects"]
-    assert summary["utterances"] == 16  # every good utterance is kept exactly once
+    assert summary["utterances"] == 17  # every good utterance is kept exactly once
     keys = [s["__key__"] for s in wds.WebDataset(str(out / "train-000000.tar"), shardshuffle=False)]
-    assert len(keys) == len(set(keys)) == 16 and not any(k.startswith("b-") for k in keys)
+    assert len(keys) == len(set(keys)) == 17 and [k for k in keys if k.startswith("b-")] == ["b-mp3"]
 
 
 def test_too_many_rejects_fails_naming_the_worst_reasons(speech_corpus, tmp_path):
     manifest, _ = _bad_corpus(speech_corpus, tmp_path)
-    with pytest.raises(TooManyRejects, match=r"11 of 27 .*unreadable_audio \(3\)"):
+    with pytest.raises(TooManyRejects, match=r"14 of 31 .*truncated_audio \(3\), unreadable_audio \(3\)"):
         shard_manifest(manifest, tmp_path / "out", max_duration=5.0, max_reject_fraction=0.2, progress=False)
-    assert len((tmp_path / "out" / "rejects.jsonl").read_text().splitlines()) == 11
+    assert len((tmp_path / "out" / "rejects.jsonl").read_text().splitlines()) == 14
 
 
 def test_malformed_manifest_line_fails_with_file_and_line(speech_corpus, tmp_path):
