@@ -9,7 +9,8 @@ dominant), then measures in one run, side by side:
   shard w=1   shard_manifest(workers=1): features + float16 + tar + sha256 + CMVN sums + atomic writes
   shard w=2   shard_manifest(workers=2)
 Targets (DESIGN.md): w=2 >= 1.8x w=1; w=1 >= 0.8x bare loop. Other processes on the machine skew all three;
-the load average is printed next to the figures.
+so the modes run interleaved for ``--rounds`` rounds and both the best and the median are shown, with the
+load average next to them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import time
 from pathlib import Path
 
@@ -86,28 +88,54 @@ def same_bytes(a: Path, b: Path) -> bool:
     return all((a / n).read_bytes() == (b / n).read_bytes() for n in names)
 
 
+MODES = ("bare loop (decode+features)", "shard workers=1", "shard workers=2")
+
+
+def measure(manifest: Path, rounds: int) -> tuple[float, dict[str, list[float]], list[Path]]:
+    """Run the three modes ``rounds`` times, interleaved; returns (audio seconds, {mode: walls}, shard dirs)."""
+    walls: dict[str, list[float]] = {m: [] for m in MODES}
+    audio = 0.0
+    for _ in range(rounds):
+        audio, wall = bare_loop(manifest)
+        walls[MODES[0]].append(wall)
+        for workers, mode in ((1, MODES[1]), (2, MODES[2])):
+            shard_audio, wall, _ = shard_run(manifest, workers)
+            assert abs(shard_audio - audio) < 1.0, "the shard job must cover the same audio"
+            walls[mode].append(wall)
+    return audio, walls, [OUT / "shards-w1", OUT / "shards-w2"]
+
+
+def report(audio: float, walls: dict[str, list[float]], rounds: int) -> None:
+    best = {m: audio / 3600 / min(w) for m, w in walls.items()}  # audio hours per wall-second
+    median = {m: audio / 3600 / statistics.median(w) for m, w in walls.items()}
+    print(
+        f"\naudio per run: {audio / 3600:.3f} h; {rounds} interleaved rounds; rates in audio hours per wall-second"
+    )
+    print(f"{'mode':<30}{'walls (s)':>24}{'best h/s':>10}{'median h/s':>12}{'best x bare':>13}")
+    for m in MODES:
+        ws = " ".join(f"{w:.1f}" for w in walls[m])
+        print(f"{m:<30}{ws:>24}{best[m]:>10.4f}{median[m]:>12.4f}{best[m] / best[MODES[0]]:>13.2f}")
+    for label, rates in (("best", best), ("median", median)):
+        speedup = rates[MODES[2]] / rates[MODES[1]]
+        efficiency = rates[MODES[1]] / rates[MODES[0]]
+        print(
+            f"{label:>6}: workers=2 / workers=1 = {speedup:.2f}x (target >= {TARGET_SPEEDUP}x); "
+            f"workers=1 / bare = {efficiency:.2f}x (target >= {TARGET_EFFICIENCY}x)"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=30.0)
     ap.add_argument("--repeat", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     manifest = repeated_manifest(build_corpus(args.minutes), args.repeat)
     load_before = os.getloadavg()
-    rows = {"bare loop (decode+features)": bare_loop(manifest)}
-    audio1, wall1, out1 = shard_run(manifest, 1)
-    audio2, wall2, out2 = shard_run(manifest, 2)
-    rows["shard workers=1"], rows["shard workers=2"] = (audio1, wall1), (audio2, wall2)
+    audio, walls, (out1, out2) = measure(manifest, args.rounds)
     load_after = os.getloadavg()
-    rate = {k: a / 3600 / w for k, (a, w) in rows.items()}
-    bare = rate["bare loop (decode+features)"]
-    print(f"\n{'mode':<30}{'audio h':>9}{'wall s':>9}{'audio h/s':>11}{'x bare':>8}")
-    for k, (a, w) in rows.items():
-        print(f"{k:<30}{a / 3600:>9.3f}{w:>9.2f}{rate[k]:>11.4f}{rate[k] / bare:>8.2f}")
-    speedup = rate["shard workers=2"] / rate["shard workers=1"]
-    efficiency = rate["shard workers=1"] / bare
-    print(f"\nworkers=2 / workers=1 : {speedup:.2f}x (target >= {TARGET_SPEEDUP}x)")
-    print(f"workers=1 / bare loop : {efficiency:.2f}x (target >= {TARGET_EFFICIENCY}x)")
+    report(audio, walls, args.rounds)
     print(f"byte-identical w=1 vs w=2 shards: {same_bytes(out1, out2)}")
     print(f"cpus: {os.cpu_count()}  load average (1/5/15 min) before: {load_before}  after: {load_after}")
 

@@ -49,6 +49,12 @@ def single_threaded_torch() -> None:
     torch.set_num_threads(1)
 
 
+def _call_single_threaded(fn: Callable, item: Any) -> Any:
+    """Dask task wrapper: workers may join the cluster at any time, so each task sets the thread count."""
+    single_threaded_torch()
+    return fn(item)
+
+
 class InlineExecutor:
     """Runs tasks one by one in this process (workers=1): no process start-up, no pickling."""
 
@@ -106,7 +112,6 @@ class DaskExecutor:
                 dashboard_address=None,
             )
         self._client = Client(cfg.address or self._cluster)
-        self._client.run(single_threaded_torch)
 
     @property
     def slots(self) -> int:
@@ -116,15 +121,17 @@ class DaskExecutor:
         from dask.distributed import as_completed
 
         it = iter(items)
-        first = [self._client.submit(fn, item, pure=False) for item in itertools.islice(it, self._limit())]
-        queue = as_completed(first)
+        queue = as_completed([self._submit(fn, item) for item in itertools.islice(it, self._limit())])
         for future in queue:
             result = future.result()
             future.release()
             nxt = next(it, None)
             if nxt is not None:
-                queue.add(self._client.submit(fn, nxt, pure=False))
+                queue.add(self._submit(fn, nxt))
             yield result
+
+    def _submit(self, fn: Callable, item: Any):
+        return self._client.submit(_call_single_threaded, fn, item, pure=False)
 
     def _limit(self) -> int:
         return self.slots * IN_FLIGHT_PER_WORKER

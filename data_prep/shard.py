@@ -196,7 +196,7 @@ def build_executor_config(cfg: Any) -> ExecutorConfig:
     return OmegaConf.to_object(cfg)
 
 
-@hydra.main(version_base=None, config_path="../conf", config_name="shard")
+@hydra.main(version_base=None, config_path="../conf/prep", config_name="shard")
 def main(cfg: ShardJobConfig) -> None:
     summary = shard_manifest(
         cfg.manifest,

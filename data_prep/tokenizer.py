@@ -79,7 +79,7 @@ class TokenizerJobConfig:
     manifest_format: str = "auto"
 
 
-@hydra.main(version_base=None, config_path="../conf", config_name="tokenizer")
+@hydra.main(version_base=None, config_path="../conf/prep", config_name="tokenizer")
 def main(cfg: TokenizerJobConfig) -> None:
     tok = train_from_corpus(cfg.input, cfg.model, cfg.vocab_size, cfg.model_type, cfg.manifest_format)
     print(f"wrote {cfg.model}: {tok.vocab_size} pieces ({cfg.model_type})")
