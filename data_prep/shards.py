@@ -16,9 +16,10 @@ import io
 import json
 import re
 import tarfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
+import torch
 
 from asr.audio import FEATURE_DTYPE, AudioError, FeatureConfig, featurize
 from asr.text import normalize
@@ -28,6 +29,7 @@ from data_prep.integrity import declared_seconds, is_truncated
 FORMAT_VERSION = 1
 TAR_FORMAT = tarfile.GNU_FORMAT  # long keys without PAX headers
 FILE_MODE = 0o644
+STORAGE_DTYPE = torch.from_numpy(np.empty(0, FEATURE_DTYPE)).dtype  # float16, as asr.audio stores features
 COPY_BUFFER_BYTES = 1 << 22  # one write per tar member instead of 16 KiB chunks
 SIDECAR_TEMPLATE = ".{name}.json"
 SECONDS_PER_HOUR = 3600.0
@@ -77,7 +79,7 @@ class ShardSpec:
 
     def fingerprint(self) -> str:
         """Hash of the spec minus its location: a sidecar with another fingerprint belongs to another plan."""
-        content = {k: v for k, v in asdict(self).items() if k != "out_dir"}
+        content = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "out_dir"}
         content["format_version"] = FORMAT_VERSION
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
@@ -159,9 +161,9 @@ def write_shard(spec: ShardSpec) -> ShardResult:
 
 def _accumulate(result: ShardResult, sums: np.ndarray, feats: np.ndarray, seconds: float) -> None:
     """Count one written utterance; CMVN sums are taken on the stored float16 values ([T, D])."""
-    x = feats.astype(np.float64)  # [T, D]
-    sums[0] += x.sum(axis=0)
-    sums[1] += np.einsum("td,td->d", x, x)  # NOTE: no [T, D] temporary for the squares
+    x = torch.from_numpy(feats).float()  # [T, D]; NOTE: fp16 squares are exact in float32
+    sums[0] += x.sum(dim=0, dtype=torch.float64).numpy()
+    sums[1] += (x * x).sum(dim=0, dtype=torch.float64).numpy()
     result.utterances += 1
     result.frames += feats.shape[0]
     result.seconds += seconds
@@ -241,7 +243,7 @@ def _features(record: Record, cfg: FeatureConfig) -> tuple[np.ndarray, float]:
     expected = _expected_seconds(record)
     if is_truncated(duration, expected):
         raise Reject("truncated_audio", f"decoded {duration:.3f}s of {expected:.3f}s")
-    return feats.numpy().astype(FEATURE_DTYPE), duration
+    return feats.to(STORAGE_DTYPE).numpy(), duration  # NOTE: same rounding as numpy's astype, ~25x faster
 
 
 def _expected_seconds(record: Record) -> float | None:
