@@ -107,6 +107,16 @@ class ResumableLoader(DataLoader):
             "per_worker": [0] * self._num_streams,
         }
 
+    def _warn_if_cut(self, state: dict, batches) -> None:
+        """Before the epoch's last batch: warns when the real pass had more (they wait for the next epoch)."""
+        if state["wrap"] == 0 and next(batches, None) is not None:
+            log.warning(
+                "epoch %d ended before this rank read all its shards: raise data.steps_per_epoch (now %d) "
+                "or lower data.batch_fill_estimate",
+                state["epoch"],
+                self.steps_per_epoch,
+            )
+
     def _epoch_batches(self, state: dict):
         """Exactly ``steps_per_epoch - state["yielded"]`` batches: the real pass, then wrap passes if short."""
         while state["yielded"] < self.steps_per_epoch:
@@ -115,13 +125,16 @@ class ResumableLoader(DataLoader):
                 for w, skip in enumerate(state["per_worker"])
             }
             got = 0
-            for batch in super().__iter__():
+            batches = super().__iter__()
+            for batch in batches:
                 state["per_worker"][batch["worker"]] += 1
                 state["yielded"] += 1
                 got += 1
-                yield batch
                 if state["yielded"] >= self.steps_per_epoch:
+                    self._warn_if_cut(state, batches)
+                    yield batch
                     return
+                yield batch
             if got == 0 and state["wrap"] > 0:
                 raise RuntimeError(
                     "this rank's shards yield no batches; check the shard directory and filters"

@@ -32,7 +32,7 @@ class OptimConfig:
     weight_decay: float = 1e-3  # not applied to biases and norms
     warmup_steps: int = 500  # linear warm-up from 0
     schedule: str = "noam"  # after warm-up: "noam" (inverse sqrt), "cosine" (to min_lr_ratio), "constant"
-    total_steps: int = 0  # cosine only: 0 = the trainer's estimate (max_steps or max_epochs)
+    total_steps: int = 0  # cosine only; python -m asr.train fills 0 from max_steps or max_epochs
     min_lr_ratio: float = 0.05  # cosine floor, as a fraction of lr
 
     def __post_init__(self) -> None:
@@ -182,8 +182,13 @@ class ASRSystem(L.LightningModule):
             betas=(cfg.beta1, cfg.beta2),
             eps=cfg.eps,
         )
-        total = cfg.total_steps or (int(self.trainer.estimated_stepping_batches) if self._trainer else 0)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg, total))
+        # NOTE: not trainer.estimated_stepping_batches: it iterates the train loader before a resumed
+        # loader state is restored, and Lightning then never restores it (train.py sets total_steps)
+        if cfg.schedule == "cosine" and cfg.total_steps <= 0:
+            raise ValueError("optim.total_steps must be set for the cosine schedule")
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: lr_factor(step, cfg, cfg.total_steps)
+        )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_fit_start(self) -> None:

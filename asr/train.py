@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -108,9 +109,21 @@ def build_system(cfg: TrainConfig, dm: ShardDataModule, run_dir: Path) -> ASRSys
     model_cfg = ModelConfig.from_dict(
         {**asdict(cfg.model), "vocab_size": dm.tokenizer.vocab_size, "input_dim": dm.feature.dim}
     )
-    system = ASRSystem(model_cfg, cfg.optim, dm.tokenizer, str(run_dir) if cfg.record_keys else None)
+    system = ASRSystem(
+        model_cfg, build_optim(cfg, dm), dm.tokenizer, str(run_dir) if cfg.record_keys else None
+    )
     system.model.set_cmvn(dm.cmvn_mean, dm.cmvn_std)
     return system
+
+
+def build_optim(cfg: TrainConfig, dm: ShardDataModule) -> OptimConfig:
+    """The optimizer config with the run's total optimizer steps filled in (for the cosine schedule)."""
+    if cfg.optim.total_steps > 0:
+        return cfg.optim
+    t = cfg.trainer
+    per_epoch = math.ceil(dm.steps_per_epoch(t.devices * t.num_nodes) / t.accumulate_grad_batches)
+    total = t.max_steps if t.max_steps > 0 else t.max_epochs * per_epoch
+    return replace(cfg.optim, total_steps=total)
 
 
 def build_callbacks(cfg: TrainConfig, run_dir: Path) -> list[L.Callback]:
@@ -180,7 +193,7 @@ class RunStateRng(L.Callback):
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         checkpoint["rng"] = {
             "python": random.getstate(),
-            "numpy": np.random.get_state(),
+            "numpy": _numpy_state_to_plain(np.random.get_state()),
             "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         }
@@ -190,12 +203,23 @@ class RunStateRng(L.Callback):
         if not rng:
             return
         random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
+        np.random.set_state(_numpy_state_from_plain(rng["numpy"]))
         torch.set_rng_state(rng["torch"])
         if rng["cuda"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
         if trainer.global_rank:
             torch.manual_seed(int(torch.randint(0, 2**31, (1,))) + trainer.global_rank)
+
+
+def _numpy_state_to_plain(state: tuple) -> list:
+    """NumPy's RNG state with its array as a tensor: Lightning loads checkpoints with weights_only=True."""
+    name, keys, pos, has_gauss, cached = state
+    return [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)]
+
+
+def _numpy_state_from_plain(state: list) -> tuple:
+    name, keys, pos, has_gauss, cached = state
+    return name, keys.numpy().astype(np.uint32), pos, has_gauss, cached
 
 
 # --- summary and export ------------------------------------------------------------------------------------
@@ -253,8 +277,8 @@ def export_bundle(run_dir: Path, system: ASRSystem, dm: ShardDataModule, summary
 # --- entry point ----------------------------------------------------------------------------------------------
 
 
-def train(cfg: TrainConfig, run_dir: Path) -> dict:
-    """Fits a model as configured; returns the summary (also written to ``run_dir/summary.json``)."""
+def fit(cfg: TrainConfig, run_dir: Path) -> tuple[L.Trainer, ASRSystem, ShardDataModule]:
+    """Builds everything and fits (resuming as configured); returns the fitted pieces."""
     run_dir.mkdir(parents=True, exist_ok=True)
     if cfg.trainer.num_threads > 0:
         torch.set_num_threads(cfg.trainer.num_threads)
@@ -263,6 +287,13 @@ def train(cfg: TrainConfig, run_dir: Path) -> dict:
     system = build_system(cfg, dm, run_dir)
     trainer = build_trainer(cfg, run_dir, build_callbacks(cfg, run_dir))
     trainer.fit(system, dm, ckpt_path=resolve_resume(cfg, run_dir))
+    return trainer, system, dm
+
+
+def report(
+    cfg: TrainConfig, run_dir: Path, trainer: L.Trainer, system: ASRSystem, dm: ShardDataModule
+) -> dict:
+    """Writes summary.json and bundle.pt (rank 0); call on every rank (the audio total is a collective)."""
     summary = build_summary(cfg, trainer, system, total_audio_seconds(trainer, system))
     if trainer.is_global_zero:
         (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
@@ -270,6 +301,12 @@ def train(cfg: TrainConfig, run_dir: Path) -> dict:
             export_bundle(run_dir, system, dm, summary)
         log.info("summary: %s", {k: v for k, v in summary.items() if k != "val_history"})
     return summary
+
+
+def train(cfg: TrainConfig, run_dir: Path) -> dict:
+    """Fits a model as configured; returns the summary (also written to ``run_dir/summary.json``)."""
+    trainer, system, dm = fit(cfg, run_dir)
+    return report(cfg, run_dir, trainer, system, dm)
 
 
 register_configs()
