@@ -30,7 +30,7 @@ FORMAT_VERSION = 1
 TAR_FORMAT = tarfile.GNU_FORMAT  # long keys without PAX headers
 FILE_MODE = 0o644
 STORAGE_DTYPE = torch.from_numpy(np.empty(0, FEATURE_DTYPE)).dtype  # float16, as asr.audio stores features
-COPY_BUFFER_BYTES = 1 << 22  # one write per tar member instead of 16 KiB chunks
+TAR_ENCODING, TAR_ERRORS = "utf-8", "surrogateescape"  # tarfile's defaults on a UTF-8 system
 SIDECAR_TEMPLATE = ".{name}.json"
 SECONDS_PER_HOUR = 3600.0
 _UNSAFE_KEY_CHARS = re.compile(r"[^\w\-]")  # WebDataset splits keys at the first "." and at "/"
@@ -116,6 +116,38 @@ class ShardResult:
         }
 
 
+class _TarWriter:
+    """Deterministic tar writer: the bytes ``tarfile`` writes for these members, without its per-member copies.
+
+    Headers come from ``TarInfo.tobuf`` with fixed fields (mtime 0, uid/gid 0, no user names, mode 0644);
+    each member is padded to 512 bytes; the archive ends with two zero blocks, padded to a 10 KiB record.
+    """
+
+    def __init__(self, out: _HashingWriter):
+        self._out = out
+
+    def add(self, name: str, data: bytes) -> None:
+        info = tarfile.TarInfo(name)
+        info.size, info.mtime, info.mode = len(data), 0, FILE_MODE
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        self._out.write(info.tobuf(TAR_FORMAT, TAR_ENCODING, TAR_ERRORS))
+        self._out.write(data)
+        self._pad(tarfile.BLOCKSIZE)
+
+    def __enter__(self) -> _TarWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            self._out.write(tarfile.NUL * (2 * tarfile.BLOCKSIZE))
+            self._pad(tarfile.RECORDSIZE)
+
+    def _pad(self, unit: int) -> None:
+        if self._out.tell() % unit:
+            self._out.write(tarfile.NUL * (unit - self._out.tell() % unit))
+
+
 class _HashingWriter:
     """File wrapper computing sha256 and size of everything written through it."""
 
@@ -142,8 +174,7 @@ def write_shard(spec: ShardSpec) -> ShardResult:
     failed: dict[str, str] = {}
     with storage.atomic_writer(spec.url) as f:
         out = _HashingWriter(f)
-        with tarfile.open(fileobj=out, mode="w", format=TAR_FORMAT) as tar:
-            tar.copybufsize = COPY_BUFFER_BYTES
+        with _TarWriter(out) as tar:
             for record in sorted(spec.utterances, key=lambda r: sample_key(r["id"])):
                 try:
                     text, feats, meta = _build_sample(record, cfg, spec)
@@ -263,7 +294,7 @@ def _audio_reason(message: str) -> str:
     return "unreadable_audio"
 
 
-def _add_sample(tar: tarfile.TarFile, key: str, text: str, feats: np.ndarray, meta: dict) -> None:
+def _add_sample(tar: _TarWriter, key: str, text: str, feats: np.ndarray, meta: dict) -> None:
     buf = io.BytesIO()
     np.save(buf, feats, allow_pickle=False)
     members = {
@@ -272,12 +303,4 @@ def _add_sample(tar: tarfile.TarFile, key: str, text: str, feats: np.ndarray, me
         f"{key}.txt": text.encode("utf-8"),
     }
     for name in sorted(members):
-        _add_member(tar, name, members[name])
-
-
-def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size, info.mtime, info.mode = len(data), 0, FILE_MODE
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    tar.addfile(info, io.BytesIO(data))
+        tar.add(name, members[name])

@@ -243,3 +243,17 @@ def test_cli_writes_shards_without_littering_the_cwd(speech_corpus, tmp_path):
     assert (out / "test-000000.tar").exists()
     typo = subprocess.run([*cmd, "max_shard_utterance=3"], cwd=tmp_path, capture_output=True, text=True)
     assert typo.returncode != 0 and "max_shard_utterance" in typo.stderr
+
+
+def test_long_and_unsafe_ids_become_readable_keys(speech_corpus, tmp_path):
+    rows = read_manifest_rows(speech_corpus["dev"])[:2]
+    ids = ["spk1/chapter.7/" + "x" * 150, "café.utt 2"]  # longer than a ustar name; "." and "/" split keys
+    lines = [
+        json.dumps({**r, "id": i, "audio": str(speech_corpus["dev"].parent / r["audio"])})
+        for r, i in zip(rows, ids, strict=True)
+    ]
+    (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n")
+    shard_manifest(tmp_path / "m.jsonl", tmp_path / "out", progress=False)
+    samples = list(wds.WebDataset(str(tmp_path / "out" / "train-000000.tar"), shardshuffle=False))
+    assert sorted(s["__key__"] for s in samples) == sorted(["spk1_chapter_7_" + "x" * 150, "café_utt_2"])
+    assert sorted(json.loads(s["json"])["id"] for s in samples) == sorted(ids)  # traceable to the corpus
