@@ -180,7 +180,11 @@ def synthesize_corpus(
         test_fraction,
     )
     manifests = {}
-    with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
+    # NOTE: forked workers hang in their first torch op (resample) if the parent already ran multi-threaded
+    # torch (e.g. an earlier test); one intra-op thread per worker avoids it.
+    with ProcessPoolExecutor(
+        max_workers=max(1, workers), initializer=torch.set_num_threads, initargs=(1,)
+    ) as pool:
         for split, utts in plan.items():
             jobs = [(u, out / "wavs" / f"{u.id}.wav") for u in utts]
             durations = pool.map(_synthesize_if_missing, jobs, chunksize=16)
