@@ -86,7 +86,7 @@ def s3():
 
 def test_s3_output_matches_local_and_resumes(speech_corpus, reference, s3, tmp_path):
     url = f"s3://{BUCKET}/shards/train"
-    summary = shard_manifest(speech_corpus["train"], url, max_shard_utterances=5, progress=False)
+    summary = shard_manifest(speech_corpus["train"], url, workers=2, max_shard_utterances=5, progress=False)
     assert summary["shards"] == 4 and summary["out_dir"] == url
     local = tmp_path / "downloaded"
     local.mkdir()
