@@ -28,7 +28,7 @@ from asr.audio import AudioError, FeatureConfig, featurize
 from asr.bundle import load_bundle
 from asr.decoding import DecodingOptions
 from asr.longform import ChunkingConfig, Transcriber
-from asr.schema import writable_schema
+from asr.schema import register_yaml_group, writable_schema
 from asr.scoring import error_rates, word_edits
 from asr.text import normalize
 
@@ -225,9 +225,10 @@ def format_summary(summary: dict, out_dir: Path) -> str:
 
 
 ConfigStore.instance().store(name="evaluate_schema", node=writable_schema(EvaluateConfig))
+register_yaml_group("decoding")
 
 
-@hydra.main(version_base=None, config_path="../conf", config_name="evaluate")
+@hydra.main(version_base=None, config_path="../conf/evaluate", config_name="evaluate")
 def main(cfg) -> None:
     config: EvaluateConfig = OmegaConf.to_object(cfg)
     summary = evaluate(config)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 
@@ -23,3 +26,17 @@ def _clear_readonly(node: DictConfig) -> None:
         child = node._get_node(key)
         if isinstance(child, DictConfig):
             _clear_readonly(child)
+
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+
+def register_yaml_group(group: str, conf_dir: Path = CONF_DIR) -> None:
+    """Store every ``conf_dir/<group>/*.yaml`` in Hydra's ConfigStore under ``group``.
+
+    NOTE: entry points whose ``config_path`` is a subfolder (so that ``model=PATH`` is a plain value, not the
+    training's ``model`` config group) still select ``<group>=NAME`` from the one set of YAML presets.
+    """
+    store = ConfigStore.instance()
+    for path in sorted((conf_dir / group).glob("*.yaml")):
+        store.store(group=group, name=path.stem, node=OmegaConf.load(path))

@@ -7,14 +7,15 @@ import uvicorn
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from asr.schema import writable_schema
+from asr.schema import register_yaml_group, writable_schema
 from serve.app import create_app
 from serve.config import ServeConfig
 
 ConfigStore.instance().store(name="serve_schema", node=writable_schema(ServeConfig))
+register_yaml_group("decoding")
 
 
-@hydra.main(version_base=None, config_path="../conf", config_name="serve/serve")
+@hydra.main(version_base=None, config_path="../conf/serve", config_name="serve")
 def main(cfg) -> None:
     """Load the model once and serve it with uvicorn until interrupted."""
     config: ServeConfig = OmegaConf.to_object(cfg)
