@@ -59,12 +59,14 @@ def shard_manifest(
     """Shard ``manifest`` (JSONL, LibriSpeech dir, Kaldi dir or Common Voice TSV) into ``out_dir``.
 
     Returns the summary (utterances, hours, shards, rejects, wall_seconds, audio_hours_per_second, out_dir).
-    Raises ``TooManyRejects`` (after writing rejects.jsonl) when rejects exceed ``max_reject_fraction``.
+    Raises ``TooManyRejects`` when rejects exceed ``max_reject_fraction``: rejects.jsonl and summary.json are
+    written, index.json is not (its presence means the split is complete and usable).
     """
     feature = feature if isinstance(feature, FeatureConfig) else FeatureConfig.from_dict(feature)
     out = str(out_dir)
     storage.make_dirs(out)
     storage.remove_stale_temps(out)
+    storage.remove(storage.join(out, INDEX))  # NOTE: a stale index must not describe shards being rewritten
     records = read_manifest(manifest, manifest_format)
     specs = list(
         plan_shards(
@@ -72,8 +74,9 @@ def shard_manifest(
         )
     )
     results, timing = run_specs(specs, workers, executor, progress)
-    summary = write_outputs(results, out, split, feature, timing)
+    summary = write_reports(results, out, timing)
     check_rejects(summary, max_reject_fraction, out)
+    write_index(results, out, split, feature)
     return summary
 
 
@@ -103,11 +106,19 @@ def run_specs(
     return [by_index[s.index] for s in specs], bar.close()
 
 
-def write_outputs(
-    results: list[ShardResult], out: str, split: str, feature: FeatureConfig, timing: dict
-) -> dict:
-    """index.json, cmvn.json, rejects.jsonl (deterministic, plan order) and summary.json; returns the summary."""
+def write_reports(results: list[ShardResult], out: str, timing: dict) -> dict:
+    """rejects.jsonl (plan order) and summary.json; returns the summary."""
     rejects = [r for res in results for r in res.rejects]
+    lines = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rejects)
+    storage.write_bytes(storage.join(out, REJECTS), lines.encode())
+    summary = {**timing, "out_dir": out, "reject_reasons": dict(Counter(r["reason"] for r in rejects))}
+    storage.write_bytes(storage.join(out, SUMMARY), _json(summary))
+    return summary
+
+
+def write_index(results: list[ShardResult], out: str, split: str, feature: FeatureConfig) -> None:
+    """cmvn.json, then index.json (deterministic, plan order): written last, it marks the split complete."""
+    storage.write_bytes(storage.join(out, CMVN), _json(cmvn_stats(results, feature.dim)))
     index = {
         "format_version": FORMAT_VERSION,
         "split": split,
@@ -118,12 +129,6 @@ def write_outputs(
         "shards": [r.index_row() for r in results],
     }
     storage.write_bytes(storage.join(out, INDEX), _json(index))
-    storage.write_bytes(storage.join(out, CMVN), _json(cmvn_stats(results, feature.dim)))
-    lines = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rejects)
-    storage.write_bytes(storage.join(out, REJECTS), lines.encode())
-    summary = {**timing, "out_dir": out, "reject_reasons": dict(Counter(r["reason"] for r in rejects))}
-    storage.write_bytes(storage.join(out, SUMMARY), _json(summary))
-    return summary
 
 
 def cmvn_stats(results: list[ShardResult], dim: int) -> dict:

@@ -56,6 +56,15 @@ def open_input(url: str) -> BinaryIO | str:
     return fsspec.open(url, "rb").open() if is_remote(url) else local_path(url)
 
 
+def remove(url: str) -> None:
+    """Delete a file if it exists."""
+    if not is_remote(url):
+        Path(local_path(url)).unlink(missing_ok=True)
+    elif exists(url):
+        fs, path = filesystem(url)
+        fs.rm_file(path)
+
+
 def make_dirs(url: str) -> None:
     if not is_remote(url):
         Path(local_path(url)).mkdir(parents=True, exist_ok=True)

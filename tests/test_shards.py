@@ -220,6 +220,11 @@ def test_too_many_rejects_fails_naming_the_worst_reasons(speech_corpus, tmp_path
     with pytest.raises(TooManyRejects, match=r"14 of 31 .*truncated_audio \(3\), unreadable_audio \(3\)"):
         shard_manifest(manifest, tmp_path / "out", max_duration=5.0, max_reject_fraction=0.2, progress=False)
     assert len((tmp_path / "out" / "rejects.jsonl").read_text().splitlines()) == 14
+    assert not (tmp_path / "out" / "index.json").exists()  # the split is not marked usable
+    summary = shard_manifest(
+        manifest, tmp_path / "out", max_duration=5.0, max_reject_fraction=0.5, progress=False
+    )
+    assert summary["shards_skipped"] == 1 and (tmp_path / "out" / "index.json").exists()
 
 
 def test_malformed_manifest_line_fails_with_file_and_line(speech_corpus, tmp_path):
