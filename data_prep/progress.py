@@ -17,6 +17,7 @@ class Progress:
 
     def __init__(self, total_utterances: int, total_hours: float, enabled: bool = True):
         self.start = time.perf_counter()
+        self.enabled = enabled
         self.total_hours = total_hours
         self.utterances = self.rejects = self.shards = self.skipped = 0
         self.seconds = 0.0
@@ -52,7 +53,7 @@ class Progress:
         wall = time.perf_counter() - self.start
         hours = self.seconds / SECONDS_PER_HOUR
         written = self.written_seconds / SECONDS_PER_HOUR
-        return {
+        summary = {
             "utterances": self.utterances,
             "hours": hours,
             "shards": self.shards,
@@ -62,3 +63,15 @@ class Progress:
             "hours_written": written,
             "audio_hours_per_second": written / wall if wall > 0 else 0.0,
         }
+        if self.enabled:
+            print(format_summary(summary), file=sys.stderr)
+        return summary
+
+
+def format_summary(s: dict) -> str:
+    """One line a person reads at the end of a job."""
+    return (
+        f"sharded {s['utterances']} utterances ({s['hours']:.3f} h) into {s['shards']} shards "
+        f"({s['shards_skipped']} already complete), {s['rejects']} rejected, in {s['wall_seconds']:.1f} s: "
+        f"{s['audio_hours_per_second']:.4f} audio h/s"
+    )
