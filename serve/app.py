@@ -35,6 +35,7 @@ from serve.responses import RESPONSE_FORMATS, APIError, error_response, transcri
 STATIC_DIR = Path(__file__).parent / "static"
 TRANSCRIPTIONS = "/v1/audio/transcriptions"
 SUPPORTED_AUDIO = "wav, flac, ogg or mp3"
+MAX_CAUSE_DEPTH = 8
 HTTP_CODES = {400: "invalid_request", 401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed"}
 
 
@@ -188,6 +189,8 @@ def _add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if (cause := _api_error_cause(exc)) is not None:  # e.g. the upload limit hit while parsing the form
+            return respond(cause.status_code, cause.detail, cause.code, cause.type, cause.param)
         code = HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
         return respond(exc.status_code, str(exc.detail), code, "invalid_request_error")
 
@@ -206,6 +209,18 @@ def _add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
     @app.exception_handler(Exception)
     async def server_error(request: Request, exc: Exception) -> JSONResponse:
         return respond(500, "Internal server error", "server_error", "server_error")
+
+
+def _api_error_cause(exc: BaseException | None) -> APIError | None:
+    """The APIError that ``exc`` wraps (FastAPI turns errors raised while parsing a body into a plain 400)."""
+    seen = 0
+    while exc is not None and seen < MAX_CAUSE_DEPTH:
+        if isinstance(exc, APIError):
+            return exc
+        if isinstance(getattr(exc, "exceptions", None), tuple):  # an ExceptionGroup (Python 3.11+)
+            return next(filter(None, map(_api_error_cause, exc.exceptions)), None)
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
 
 
 def _add_metrics_middleware(app: FastAPI, metrics: Metrics) -> None:

@@ -76,6 +76,20 @@ def post(url: str, content: bytes, filename: str = "a.wav", headers=None, **form
     return httpx.post(url + URL, files=files, data={"model": "tiny", **form}, headers=headers, timeout=60)
 
 
+def post_chunked(url: str, size: int, boundary: str = "b0undary") -> httpx.Response:
+    """A multipart upload streamed with chunked transfer encoding (the server cannot know its size up front)."""
+    part = 64 * 1024
+
+    def body():
+        yield f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n'.encode()
+        for _ in range(size // part):
+            yield b"\0" * part
+        yield f"\r\n--{boundary}--\r\n".encode()
+
+    headers = {"content-type": f"multipart/form-data; boundary={boundary}"}
+    return httpx.post(url + URL, content=body(), headers=headers, timeout=60)
+
+
 def assert_openai_error(r: httpx.Response, status: int | tuple[int, ...], code: str | None = None) -> None:
     assert r.status_code in (status if isinstance(status, tuple) else (status,)), r.text
     err = r.json()["error"]
@@ -149,13 +163,14 @@ def test_bad_inputs_get_openai_errors_and_the_server_survives(server, wavs):
     assert_openai_error(post(server, wavs[0].read_bytes(), response_format="mp4"), 400, "invalid_value")
     assert_openai_error(post(server, wavs[0].read_bytes(), temperature="7"), 400, "invalid_value")
     assert_openai_error(post(server, b"\0" * (2 * 1024 * 1024)), 413, "request_too_large")
+    assert_openai_error(post_chunked(server, 2 * 1024 * 1024), 413, "request_too_large")  # no Content-Length
     r = httpx.post(server + URL, data={"model": "tiny"})  # no file at all
     assert_openai_error(r, 400)
     assert httpx.get(server + "/healthz").status_code == 200
     assert post(server, wavs[0].read_bytes()).status_code == 200
     metrics = httpx.get(server + "/metrics").text
     assert re.search(r'^asr_errors_total\{code="empty_file"\} 1$', metrics, re.M)
-    assert re.search(r'^asr_errors_total\{code="request_too_large"\} 1$', metrics, re.M)
+    assert re.search(r'^asr_errors_total\{code="request_too_large"\} 2$', metrics, re.M)
 
 
 def test_audio_longer_than_the_limit_is_refused(server):
