@@ -215,7 +215,8 @@ def print_load_table(results: dict, requests: int) -> None:
         )
     a, b = SERVER_MODES[0][0], SERVER_MODES[1][0]
     print(f"{a} vs {b} at 16 clients: {results[a, 16]['throughput'] / results[b, 16]['throughput']:.2f}x")
-    print(f"logical CPUs on this machine: {os.cpu_count()}")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"logical CPUs on this machine: {os.cpu_count()}; load average (1/5/15 min) at the end: {load}")
 
 
 if __name__ == "__main__":
