@@ -17,7 +17,7 @@ from pathlib import Path
 
 import soundfile as sf
 import torch
-from fastapi import Depends, FastAPI, File, Form, Request, UploadFile
+from fastapi import FastAPI, File, Form, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
@@ -36,7 +36,7 @@ STATIC_DIR = Path(__file__).parent / "static"
 TRANSCRIPTIONS = "/v1/audio/transcriptions"
 SUPPORTED_AUDIO = "wav, flac, ogg or mp3"
 MAX_CAUSE_DEPTH = 8
-HTTP_CODES = {400: "invalid_request", 401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed"}
+HTTP_CODES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}
 
 
 class ServerState:
@@ -70,15 +70,14 @@ def create_app(cfg: ServeConfig, bundle: Bundle | None = None) -> FastAPI:
     app = FastAPI(title="ASR transcription API", version="1", lifespan=lifespan)
     app.state.asr = state
     _add_error_handlers(app, state.metrics)
-    _add_metrics_middleware(app, state.metrics)
+    _add_auth_middleware(app, state)
+    _add_metrics_middleware(app, state.metrics)  # NOTE: added after, so it wraps (and counts) the 401s
     app.add_middleware(BodyLimitMiddleware, max_bytes=cfg.max_upload_bytes, on_reject=state.metrics)
     _add_routes(app, state)
     return app
 
 
 def _add_routes(app: FastAPI, state: ServerState) -> None:
-    auth = [Depends(_api_key_checker(state))]
-
     @app.get("/", include_in_schema=False)
     async def index() -> FileResponse:
         return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
@@ -93,17 +92,17 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         text = state.metrics.render(b.batches if b else 0, b.batched_items if b else 0)
         return PlainTextResponse(text, media_type=CONTENT_TYPE)
 
-    @app.get("/v1/models", dependencies=auth)
+    @app.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [_model_card(state)]}
 
-    @app.get("/v1/models/{model_id}", dependencies=auth)
+    @app.get("/v1/models/{model_id}")
     async def model(model_id: str) -> dict:
         if model_id != state.model_id:
             raise APIError(404, f"The model '{model_id}' does not exist", "model_not_found", param="model")
         return _model_card(state)
 
-    @app.post(TRANSCRIPTIONS, dependencies=auth)
+    @app.post(TRANSCRIPTIONS)
     async def transcriptions(
         file: UploadFile = File(...),  # noqa: B008 (FastAPI's declaration style)
         model: str = Form(""),  # NOTE: any name is accepted, so clients configured for "whisper-1" work
@@ -128,15 +127,20 @@ def _model_card(state: ServerState) -> dict:
     return {"id": state.model_id, "object": "model", "created": state.created, "owned_by": "asr-pipeline"}
 
 
-def _api_key_checker(state: ServerState):
-    async def check(request: Request) -> None:
-        if state.api_key is None:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), state.api_key):
-            raise APIError(401, "Incorrect or missing API key (Authorization: Bearer ...)", "invalid_api_key")
+def _add_auth_middleware(app: FastAPI, state: ServerState) -> None:
+    """With an API key configured, /v1/ requests need ``Authorization: Bearer KEY`` (checked before the body
+    is read, so an unauthenticated upload costs nothing)."""
 
-    return check
+    @app.middleware("http")
+    async def check_api_key(request: Request, call_next):
+        if state.api_key is None or not request.url.path.startswith("/v1/"):
+            return await call_next(request)
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), state.api_key.encode()):
+            return await call_next(request)
+        state.metrics.observe_error("invalid_api_key")
+        message = "Incorrect or missing API key (Authorization: Bearer ...)"
+        return error_response(401, message, "invalid_api_key", "invalid_request_error")
 
 
 def _check_params(response_format: str, temperature: float) -> None:

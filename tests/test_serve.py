@@ -205,6 +205,8 @@ def test_api_key_is_required_when_configured(bundle_path, wavs, monkeypatch):
         wrong = {"Authorization": "Bearer nope"}
         assert_openai_error(post(url, wavs[0].read_bytes(), headers=wrong), 401, "invalid_api_key")
         assert httpx.get(url + "/v1/models").status_code == 401
+        odd = {"Authorization": "Bearer cl\u00e9".encode()}  # a non-ASCII token is just a wrong key
+        assert_openai_error(post(url, wavs[0].read_bytes(), headers=odd), 401, "invalid_api_key")
         good = openai_client(url, API_KEY).audio.transcriptions.create(model="x", file=wavs[0].open("rb"))
         assert isinstance(good.text, str)
         assert httpx.get(url + "/healthz").status_code == 200  # probes need no key
