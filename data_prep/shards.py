@@ -31,6 +31,7 @@ TAR_FORMAT = tarfile.GNU_FORMAT  # long keys without PAX headers
 FILE_MODE = 0o644
 STORAGE_DTYPE = torch.from_numpy(np.empty(0, FEATURE_DTYPE)).dtype  # float16, as asr.audio stores features
 TAR_ENCODING, TAR_ERRORS = "utf-8", "surrogateescape"  # tarfile's defaults on a UTF-8 system
+BLOCK = tarfile.BLOCKSIZE  # 512: members are padded to whole blocks
 SIDECAR_TEMPLATE = ".{name}.json"
 SECONDS_PER_HOUR = 3600.0
 _UNSAFE_KEY_CHARS = re.compile(r"[^\w\-]")  # WebDataset splits keys at the first "." and at "/"
@@ -126,14 +127,20 @@ class _TarWriter:
     def __init__(self, out: _HashingWriter):
         self._out = out
 
-    def add(self, name: str, data: bytes) -> None:
-        info = tarfile.TarInfo(name)
-        info.size, info.mtime, info.mode = len(data), 0, FILE_MODE
-        info.uid = info.gid = 0
-        info.uname = info.gname = ""
-        self._out.write(info.tobuf(TAR_FORMAT, TAR_ENCODING, TAR_ERRORS))
-        self._out.write(data)
-        self._pad(tarfile.BLOCKSIZE)
+    def add(self, members: dict[str, bytes]) -> None:
+        """Append members in the given order, in one write (one sample: a few members)."""
+        parts = []
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data), 0, FILE_MODE
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            parts += [
+                info.tobuf(TAR_FORMAT, TAR_ENCODING, TAR_ERRORS),
+                data,
+                tarfile.NUL * (-len(data) % BLOCK),
+            ]
+        self._out.write(b"".join(parts))
 
     def __enter__(self) -> _TarWriter:
         return self
@@ -143,7 +150,7 @@ class _TarWriter:
             self._out.write(tarfile.NUL * (2 * tarfile.BLOCKSIZE))
             self._pad(tarfile.RECORDSIZE)
 
-    def _pad(self, unit: int) -> None:
+    def _pad(self, unit: int) -> None:  # zero bytes up to the next multiple of unit
         if self._out.tell() % unit:
             self._out.write(tarfile.NUL * (unit - self._out.tell() % unit))
 
@@ -186,7 +193,7 @@ def write_shard(spec: ShardSpec) -> ShardResult:
     result.bytes, result.sha256 = out.tell(), out.hexdigest()
     result.cmvn_sum, result.cmvn_sum_sq = sums[0].tolist(), sums[1].tolist()
     result.rejects = _ordered_rejects(spec, failed)
-    storage.write_bytes(spec.sidecar_url, json.dumps(asdict(result), sort_keys=True).encode())
+    storage.write_bytes(spec.sidecar_url, json.dumps(asdict(result), sort_keys=True).encode(), durable=False)
     return result
 
 
@@ -302,5 +309,4 @@ def _add_sample(tar: _TarWriter, key: str, text: str, feats: np.ndarray, meta: d
         f"{key}.json": json.dumps(meta, sort_keys=True).encode(),
         f"{key}.txt": text.encode("utf-8"),
     }
-    for name in sorted(members):
-        tar.add(name, members[name])
+    tar.add({name: members[name] for name in sorted(members)})

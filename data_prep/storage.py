@@ -71,8 +71,13 @@ def make_dirs(url: str) -> None:
 
 
 @contextlib.contextmanager
-def atomic_writer(url: str) -> Iterator[BinaryIO]:
-    """Open a binary file that appears at ``url`` only after the ``with`` block completes without error."""
+def atomic_writer(url: str, durable: bool = True) -> Iterator[BinaryIO]:
+    """Open a binary file that appears at ``url`` only after the ``with`` block completes without error.
+
+    ``durable`` fsyncs the data before the rename, so not even a power cut can leave a partial file under the
+    final name. Files that are cheap to lose (a shard's sidecar: losing it only redoes the shard) skip it.
+    NOTE: the directory is not fsynced: a rename lost to a power cut only means the file is written again.
+    """
     if is_remote(url):
         fd, tmp = tempfile.mkstemp(suffix=TMP_SUFFIX)
     else:
@@ -83,7 +88,8 @@ def atomic_writer(url: str) -> Iterator[BinaryIO]:
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         _publish(tmp, url)
     finally:
         if os.path.exists(tmp):
@@ -95,18 +101,12 @@ def _publish(tmp: str, url: str) -> None:
         fs, path = filesystem(url)
         fs.put_file(tmp, path)
         return
-    final = local_path(url)
-    os.replace(tmp, final)
-    dir_fd = os.open(os.path.dirname(os.path.abspath(final)), os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # NOTE: make the rename itself durable before we report the shard done
-    finally:
-        os.close(dir_fd)
+    os.replace(tmp, local_path(url))
 
 
-def write_bytes(url: str, data: bytes) -> None:
+def write_bytes(url: str, data: bytes, durable: bool = True) -> None:
     """Atomically write a small file (index, stats, sidecars)."""
-    with atomic_writer(url) as f:
+    with atomic_writer(url, durable) as f:
         f.write(data)
 
 
