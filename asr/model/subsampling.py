@@ -9,11 +9,11 @@ KERNEL = 3
 STRIDE = 2
 
 
-def subsampled_lengths(lengths: torch.Tensor) -> torch.Tensor:
-    """Frame counts after two unpadded stride-2 3x3 convolutions: [B] -> [B]."""
+def subsampled_lengths(lengths: torch.Tensor | int) -> torch.Tensor | int:
+    """Frame counts after two unpadded stride-2 3x3 convolutions: [B] -> [B] (or an int -> an int)."""
     for _ in range(2):
-        lengths = torch.div(lengths - KERNEL, STRIDE, rounding_mode="floor") + 1
-    return lengths.clamp(min=0)
+        lengths = (lengths - KERNEL) // STRIDE + 1
+    return lengths.clamp(min=0) if isinstance(lengths, torch.Tensor) else max(0, lengths)
 
 
 class ConvSubsampling(nn.Module):
