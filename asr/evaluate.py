@@ -224,8 +224,10 @@ def format_summary(summary: dict, out_dir: Path) -> str:
     return "\n".join(lines)
 
 
-ConfigStore.instance().store(name="evaluate_schema", node=writable_schema(EvaluateConfig))
-register_yaml_group("decoding")
+def register_configs() -> None:
+    """The CLI's Hydra schema and decoding presets (only for the CLI: importing evaluate() leaves them alone)."""
+    ConfigStore.instance().store(name="evaluate_schema", node=writable_schema(EvaluateConfig))
+    register_yaml_group("decoding")
 
 
 @hydra.main(version_base=None, config_path="../conf/evaluate", config_name="evaluate")
@@ -236,4 +238,5 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    register_configs()
     main()

@@ -11,8 +11,11 @@ from asr.schema import register_yaml_group, writable_schema
 from serve.app import create_app
 from serve.config import ServeConfig
 
-ConfigStore.instance().store(name="serve_schema", node=writable_schema(ServeConfig))
-register_yaml_group("decoding")
+
+def register_configs() -> None:
+    """The CLI's Hydra schema and the decoding presets."""
+    ConfigStore.instance().store(name="serve_schema", node=writable_schema(ServeConfig))
+    register_yaml_group("decoding")
 
 
 @hydra.main(version_base=None, config_path="../conf/serve", config_name="serve")
@@ -24,4 +27,5 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    register_configs()
     main()
