@@ -32,10 +32,12 @@ class Metrics:
                 self.latency_sum += seconds
 
     def observe_error(self, code: str) -> None:
+        """Count an error response by its OpenAI-style code."""
         with self._lock:
             self.errors[code] += 1
 
     def observe_audio(self, seconds: float) -> None:
+        """Add transcribed audio seconds."""
         with self._lock:
             self.audio_seconds += seconds
 

@@ -21,6 +21,7 @@ class APIError(HTTPException):
 
 
 def error_response(status: int, message: str, code: str, type_: str, param=None) -> JSONResponse:
+    """OpenAI's error body with ``status`` (401s also carry WWW-Authenticate)."""
     body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     return JSONResponse(body, status_code=status, headers=headers)
