@@ -80,6 +80,7 @@ def evaluate(cfg: EvaluateConfig) -> dict:
 
 
 def build_out_dir(cfg: EvaluateConfig) -> Path:
+    """The report folder (created): ``cfg.out_dir``, or ``eval-<data name>`` beside the model."""
     data = Path(cfg.data)
     out = Path(cfg.out_dir) if cfg.out_dir else Path(cfg.model).parent / f"eval-{data.stem or data.name}"
     out.mkdir(parents=True, exist_ok=True)
@@ -184,6 +185,7 @@ def utterance_row(u: Utterance, hyp: str) -> dict:
 def build_summary(
     cfg: EvaluateConfig, rows: list[dict], skipped: Counter, audio_s: float, busy_s: float
 ) -> dict:
+    """Corpus error rates (asr.scoring), skip counts by reason, and the real-time factor."""
     rates = error_rates([r["ref"] for r in rows], [r["hyp"] for r in rows])
     return {
         "model": str(cfg.model),
