@@ -126,7 +126,10 @@ def read_shard_dir(path: Path, feature: FeatureConfig) -> Iterator[Utterance]:
         for key, files in _tar_samples(path / shard["name"]):
             meta = json.loads(files["json"])
             feats = torch.from_numpy(np.load(io.BytesIO(files["feats.npy"])).astype(np.float32))  # [T, D]
-            yield Utterance(key, files["txt"].decode("utf-8"), feats, float(meta["duration"]))
+            utt_id = str(
+                meta.get("id", key)
+            )  # NOTE: the corpus id; the tar key may be a sanitized form of it
+            yield Utterance(utt_id, files["txt"].decode("utf-8"), feats, float(meta["duration"]))
 
 
 def _tar_samples(tar_path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
