@@ -173,3 +173,16 @@ def test_every_rank_runs_the_same_number_of_steps(tiny_shards, train_keys):
         real.update(k for b in batches if b["wrap"] == 0 for k in b["keys"])
     assert counts == [steps] * 3
     assert real == train_keys  # the real pass of every rank together: each utterance once
+
+
+def test_shards_stream_from_an_fsspec_url(tiny_shards, tokenizer, train_keys):
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    for path in tiny_shards["train"].iterdir():
+        fs.pipe(f"/shards/train/{path.name}", path.read_bytes())
+    index = read_index("memory://shards/train")
+    assert index["shards"][0]["url"].startswith("memory://")
+    batches = _stream(index, tokenizer).batches(StreamPosition())
+    assert Counter(_keys(batches)) == train_keys
+    assert read_cmvn("memory://shards/train")[0].shape == (80,)
