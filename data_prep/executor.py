@@ -71,7 +71,7 @@ class InlineExecutor:
 
 
 class LocalExecutor:
-    """A pool of ``workers`` spawned processes."""
+    """A pool of ``workers`` processes on this machine (forked where the platform allows)."""
 
     def __init__(self, workers: int):
         self.workers = workers
@@ -97,7 +97,11 @@ class LocalExecutor:
 
 
 class DaskExecutor:
-    """Tasks on a Dask distributed cluster: an existing scheduler (``address``) or a LocalCluster."""
+    """Tasks on a Dask distributed cluster: an existing scheduler (``address``) or a LocalCluster.
+
+    Workers of an existing cluster must have this package installed and see the audio and the output
+    location under the same paths or URLs as this process (a shared file system or an object store).
+    """
 
     def __init__(self, cfg: DaskExecutorConfig, workers: int):
         from dask.distributed import Client, LocalCluster  # NOTE: imported lazily; dask is slow to import
