@@ -6,8 +6,12 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 RUN ?= runs/demo
+DEMO_UTTERANCES ?= 4500
+DEMO_VOCAB ?= 256
+DEMO_MAX_TIME ?= 00:00:20:00
+WORKERS ?= 2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-APT_PACKAGES := espeak-ng
+APT_PACKAGES := espeak-ng fortunes
 TEST_APT_PACKAGES := espeak-ng chromium chromium-driver
 
 .PHONY: demo test lint bench sysdeps test-sysdeps clean-demo
@@ -38,8 +42,28 @@ test-sysdeps:
 test: test-sysdeps $(VENV)/.installed
 	$(PY) -m pytest -q
 
+# make demo: every step writes a file that marks it done, so a rerun goes straight to what is missing.
 demo: sysdeps $(VENV)/.installed
-	$(PY) -m data_prep.demo run_dir=$(RUN)
+	$(MAKE) --no-print-directory $(RUN)/eval/summary.json
+	$(PY) -m serve.try_api model=$(RUN)/train/bundle.pt manifest=$(RUN)/corpus/test.jsonl clips=2
+	@echo; echo "make demo: done. Every artifact is under $(RUN)/ (corpus, shards, tokenizer.model, train/, eval/)."
+
+$(RUN)/corpus/test.jsonl:
+	$(PY) -m data_prep.synth out_dir=$(RUN)/corpus num_utterances=$(DEMO_UTTERANCES) seed=0
+
+$(RUN)/shards/%/index.json: $(RUN)/corpus/test.jsonl
+	$(PY) -m data_prep.shard manifest=$(RUN)/corpus/$*.jsonl out_dir=$(RUN)/shards/$* split=$* workers=$(WORKERS) \
+	  max_shard_bytes=50000000
+
+$(RUN)/tokenizer.model: $(RUN)/shards/train/index.json
+	$(PY) -m data_prep.tokenizer input=$(RUN)/shards/train model=$@ vocab_size=$(DEMO_VOCAB)
+
+$(RUN)/train/bundle.pt: $(RUN)/shards/train/index.json $(RUN)/shards/dev/index.json $(RUN)/tokenizer.model
+	$(PY) -m asr.train run_dir=$(RUN)/train data=tiny data.train_dir=$(RUN)/shards/train \
+	  data.val_dir=$(RUN)/shards/dev data.tokenizer=$(RUN)/tokenizer.model trainer.max_time=$(DEMO_MAX_TIME)
+
+$(RUN)/eval/summary.json: $(RUN)/train/bundle.pt $(RUN)/shards/test/index.json
+	$(PY) -m asr.evaluate model=$(RUN)/train/bundle.pt data=$(RUN)/shards/test out_dir=$(RUN)/eval
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
