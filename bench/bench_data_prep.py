@@ -9,8 +9,9 @@ dominant), then measures in one run, side by side:
   shard w=1   shard_manifest(workers=1): features + float16 + tar + sha256 + CMVN sums + atomic writes
   shard w=2   shard_manifest(workers=2)
 Targets (DESIGN.md): w=2 >= 1.8x w=1; w=1 >= 0.8x bare loop. Other processes on the machine skew all three;
-so the modes run interleaved for ``--rounds`` rounds and both the best and the median are shown, with the
-load average next to them.
+so the modes run interleaved for ``--rounds`` rounds and both the best and the median wall times are shown,
+with the load average next to them, plus CPU time per audio hour (self + pool workers), which contention
+barely moves: bare CPU / workers=1 CPU is the per-worker efficiency on an idle core.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import time
@@ -61,26 +63,27 @@ def repeated_manifest(manifests: list[Path], repeat: int) -> Path:
     return path
 
 
-def bare_loop(manifest: Path) -> tuple[float, float]:
-    """(audio seconds, wall seconds) for decode + features of every utterance, nothing kept."""
+def cpu_seconds() -> float:
+    """User + system CPU of this process and of its finished children (pool workers are joined at close)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def bare_loop(manifest: Path) -> float:
+    """Audio seconds; decode + features of every utterance, nothing kept (torch single-threaded)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    start, audio = time.perf_counter(), 0.0
-    for r in read_manifest(manifest):
-        _, duration = featurize(r["audio"])
-        audio += duration
-    wall = time.perf_counter() - start
+    audio = sum(featurize(r["audio"])[1] for r in read_manifest(manifest))
     torch.set_num_threads(threads)
-    return audio, wall
+    return audio
 
 
-def shard_run(manifest: Path, workers: int) -> tuple[float, float, Path]:
-    """(audio seconds, wall seconds, out dir) of a fresh shard job."""
+def shard_run(manifest: Path, workers: int) -> float:
+    """Audio seconds of a fresh shard job into OUT/shards-w{workers}."""
     out = OUT / f"shards-w{workers}"
     shutil.rmtree(out, ignore_errors=True)
-    start = time.perf_counter()
     summary = shard_manifest(manifest, out, workers=workers, max_shard_utterances=100, progress=False)
-    return summary["hours"] * 3600, time.perf_counter() - start, out
+    return summary["hours"] * 3600
 
 
 def same_bytes(a: Path, b: Path) -> bool:
@@ -88,40 +91,49 @@ def same_bytes(a: Path, b: Path) -> bool:
     return all((a / n).read_bytes() == (b / n).read_bytes() for n in names)
 
 
-MODES = ("bare loop (decode+features)", "shard workers=1", "shard workers=2")
+MODES = {
+    "bare loop (decode+features)": bare_loop,
+    "shard workers=1": lambda m: shard_run(m, 1),
+    "shard workers=2": lambda m: shard_run(m, 2),
+}
+BARE, W1, W2 = MODES
 
 
-def measure(manifest: Path, rounds: int) -> tuple[float, dict[str, list[float]], list[Path]]:
-    """Run the three modes ``rounds`` times, interleaved; returns (audio seconds, {mode: walls}, shard dirs)."""
+def measure(manifest: Path, rounds: int) -> tuple[float, dict[str, list[float]], dict[str, list[float]]]:
+    """Run the modes ``rounds`` times, interleaved; returns (audio seconds, {mode: walls}, {mode: CPU seconds})."""
     walls: dict[str, list[float]] = {m: [] for m in MODES}
-    audio = 0.0
+    cpus: dict[str, list[float]] = {m: [] for m in MODES}
+    audio = []
     for _ in range(rounds):
-        audio, wall = bare_loop(manifest)
-        walls[MODES[0]].append(wall)
-        for workers, mode in ((1, MODES[1]), (2, MODES[2])):
-            shard_audio, wall, _ = shard_run(manifest, workers)
-            assert abs(shard_audio - audio) < 1.0, "the shard job must cover the same audio"
-            walls[mode].append(wall)
-    return audio, walls, [OUT / "shards-w1", OUT / "shards-w2"]
+        for mode, run in MODES.items():
+            wall, cpu = time.perf_counter(), cpu_seconds()
+            audio.append(run(manifest))
+            walls[mode].append(time.perf_counter() - wall)
+            cpus[mode].append(cpu_seconds() - cpu)
+    assert max(audio) - min(audio) < 1.0, "every mode must cover the same audio"
+    return audio[0], walls, cpus
 
 
-def report(audio: float, walls: dict[str, list[float]], rounds: int) -> None:
-    best = {m: audio / 3600 / min(w) for m, w in walls.items()}  # audio hours per wall-second
-    median = {m: audio / 3600 / statistics.median(w) for m, w in walls.items()}
+def report(audio: float, walls: dict[str, list[float]], cpus: dict[str, list[float]], rounds: int) -> None:
+    hours = audio / 3600
+    best = {m: hours / min(w) for m, w in walls.items()}  # audio hours per wall-second
+    median = {m: hours / statistics.median(w) for m, w in walls.items()}
+    per_cpu = {m: hours / statistics.median(c) for m, c in cpus.items()}  # audio hours per CPU-second
+    print(f"\naudio per run: {hours:.3f} h; {rounds} interleaved rounds; rates in audio hours per second")
     print(
-        f"\naudio per run: {audio / 3600:.3f} h; {rounds} interleaved rounds; rates in audio hours per wall-second"
+        f"{'mode':<30}{'walls (s)':>28}{'best h/s':>10}{'median h/s':>12}{'CPU s (median)':>16}{'h/CPU-s':>9}"
     )
-    print(f"{'mode':<30}{'walls (s)':>24}{'best h/s':>10}{'median h/s':>12}{'best x bare':>13}")
     for m in MODES:
         ws = " ".join(f"{w:.1f}" for w in walls[m])
-        print(f"{m:<30}{ws:>24}{best[m]:>10.4f}{median[m]:>12.4f}{best[m] / best[MODES[0]]:>13.2f}")
-    for label, rates in (("best", best), ("median", median)):
-        speedup = rates[MODES[2]] / rates[MODES[1]]
-        efficiency = rates[MODES[1]] / rates[MODES[0]]
-        print(
-            f"{label:>6}: workers=2 / workers=1 = {speedup:.2f}x (target >= {TARGET_SPEEDUP}x); "
-            f"workers=1 / bare = {efficiency:.2f}x (target >= {TARGET_EFFICIENCY}x)"
+        cpu = statistics.median(cpus[m])
+        print(f"{m:<30}{ws:>28}{best[m]:>10.4f}{median[m]:>12.4f}{cpu:>16.1f}{per_cpu[m]:>9.4f}")
+    for label, rates in (("best wall", best), ("median wall", median), ("CPU time", per_cpu)):
+        line = (
+            f"{label:>12}: workers=1 / bare = {rates[W1] / rates[BARE]:.2f}x (target >= {TARGET_EFFICIENCY}x)"
         )
+        if label != "CPU time":  # NOTE: CPU time cannot show a speed-up; it shows the work per audio hour
+            line += f"; workers=2 / workers=1 = {rates[W2] / rates[W1]:.2f}x (target >= {TARGET_SPEEDUP}x)"
+        print(line)
 
 
 def main() -> None:
@@ -133,10 +145,10 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     manifest = repeated_manifest(build_corpus(args.minutes), args.repeat)
     load_before = os.getloadavg()
-    audio, walls, (out1, out2) = measure(manifest, args.rounds)
+    audio, walls, cpus = measure(manifest, args.rounds)
     load_after = os.getloadavg()
-    report(audio, walls, args.rounds)
-    print(f"byte-identical w=1 vs w=2 shards: {same_bytes(out1, out2)}")
+    report(audio, walls, cpus, args.rounds)
+    print(f"byte-identical w=1 vs w=2 shards: {same_bytes(OUT / 'shards-w1', OUT / 'shards-w2')}")
     print(f"cpus: {os.cpu_count()}  load average (1/5/15 min) before: {load_before}  after: {load_after}")
 
 
