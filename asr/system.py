@@ -14,7 +14,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from asr.data import is_empty, padding_efficiency
+from asr.data import is_empty
 from asr.decoding import greedy_ctc
 from asr.model import ASRModel, ModelConfig, ctc_loss
 from asr.scoring import error_rates
@@ -77,7 +77,7 @@ class ASRSystem(L.LightningModule):
         self.train_seconds = 0.0  # fit wall time before this process (restored from checkpoints)
         self.val_history: list[dict] = []  # {"step", "loss", "wer", "cer"} per validation
         self._fit_start = time.perf_counter()
-        self._last_batch_end: float | None = None
+        self._window = self._new_window(time.perf_counter())  # training figures since the last log
         self._val_sums: torch.Tensor | None = None
 
     def forward(self, feats: torch.Tensor, feat_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,17 +100,36 @@ class ASRSystem(L.LightningModule):
         return self.tokenizer.blank_id if self.tokenizer is not None else 0
 
     def _log_batch(self, batch: dict, loss: torch.Tensor) -> None:
+        """Loss every step; the other figures over the window since the last logging step (cheaper, smoother)."""
         n = len(batch["keys"])
         self.audio_seconds += batch["audio_seconds"]
         self.log("train/loss", loss, prog_bar=True, batch_size=n)
-        self.log("train/padding_efficiency", padding_efficiency(batch["feat_lens"]), batch_size=n)
-        self.log("train/batch_utterances", float(n), batch_size=n)
-        self.log("train/dropped", float(sum(batch.get("drops", {}).values())), reduce_fx="sum", batch_size=n)
-        now = time.perf_counter()
-        if self._last_batch_end is not None:
-            rate = batch["audio_seconds"] / max(1e-9, now - self._last_batch_end)
-            self.log("train/audio_s_per_s", rate, batch_size=n)
-        self._last_batch_end = now
+        w = self._window
+        lens = batch["feat_lens"]
+        w["audio"] += batch["audio_seconds"]
+        w["real"] += int(lens.sum())
+        w["padded"] += lens.numel() * int(lens.max())
+        w["utterances"] += n
+        w["batches"] += 1
+        w["dropped"] += sum(batch.get("drops", {}).values())
+        if self.global_step % max(1, self.trainer.log_every_n_steps) == 0:
+            self._log_window()
+
+    def _log_window(self) -> None:
+        w, now = self._window, time.perf_counter()
+        self.log_dict(
+            {
+                "train/padding_efficiency": w["real"] / max(1, w["padded"]),
+                "train/batch_utterances": w["utterances"] / max(1, w["batches"]),
+                "train/dropped": float(w["dropped"]),
+                "train/audio_s_per_s": w["audio"] / max(1e-9, now - w["start"]),
+            }
+        )
+        self._window = self._new_window(now)
+
+    @staticmethod
+    def _new_window(start: float) -> dict:
+        return dict(start=start, audio=0.0, real=0, padded=0, utterances=0, batches=0, dropped=0)
 
     def _record_keys(self, batch: dict) -> None:
         if not self.record_keys_dir:
@@ -193,6 +212,7 @@ class ASRSystem(L.LightningModule):
 
     def on_fit_start(self) -> None:
         self._fit_start = time.perf_counter()
+        self._window = self._new_window(self._fit_start)
 
     def fit_seconds(self) -> float:
         """Training wall time across all resumed segments of this run."""

@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import random
+import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,9 @@ SUMMARY_FILE = "summary.json"
 BUNDLE_FILE = "bundle.pt"
 CONVERGENCE_TOLERANCE = 0.01  # converged: validation loss within 1% of the run's minimum (Hestness et al.)
 SECONDS_PER_HOUR = 3600.0
+# NOTE: our IterableDataset's length is exact by design (each rank and worker reads its own shards, padded to
+# a fixed step count), so Lightning's caution about __len__ with several workers does not apply
+warnings.filterwarnings("ignore", message=".*Your `IterableDataset` has `__len__` defined.*")
 
 
 @dataclass
