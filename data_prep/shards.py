@@ -117,6 +117,35 @@ class ShardResult:
         }
 
 
+def tarfile_header(name: str, size: int) -> bytes:
+    """The header ``tarfile`` itself builds for a regular member with our fixed fields (the reference)."""
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = size, 0, FILE_MODE
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info.tobuf(TAR_FORMAT, TAR_ENCODING, TAR_ERRORS)
+
+
+_HEADER_TEMPLATE = tarfile_header("", 0)
+_NAME, _SIZE, _CHKSUM = slice(0, 100), slice(124, 136), slice(148, 156)  # ustar/GNU header fields
+
+
+def tar_header(name: str, size: int) -> bytes:
+    """The header ``tarfile`` writes for a regular member with our fixed fields, ~10x faster for short names.
+
+    Short ASCII names patch a template (name, size, checksum); others (GNU long names) go through tarfile.
+    """
+    raw = name.encode("ascii", "ignore")
+    if len(raw) != len(name) or len(raw) >= 100 or size >= 8**11:
+        return tarfile_header(name, size)
+    header = bytearray(_HEADER_TEMPLATE)
+    header[_NAME] = raw.ljust(100, tarfile.NUL)
+    header[_SIZE] = b"%011o\0" % size
+    header[_CHKSUM] = b" " * 8
+    header[_CHKSUM] = b"%06o\0 " % sum(header)  # tarfile's checksum: byte sum with the field as spaces
+    return bytes(header)
+
+
 class _TarWriter:
     """Deterministic tar writer: the bytes ``tarfile`` writes for these members, without its per-member copies.
 
@@ -127,19 +156,12 @@ class _TarWriter:
     def __init__(self, out: _HashingWriter):
         self._out = out
 
-    def add(self, members: dict[str, bytes]) -> None:
-        """Append members in the given order, in one write (one sample: a few members)."""
-        parts = []
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size, info.mtime, info.mode = len(data), 0, FILE_MODE
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            parts += [
-                info.tobuf(TAR_FORMAT, TAR_ENCODING, TAR_ERRORS),
-                data,
-                tarfile.NUL * (-len(data) % BLOCK),
-            ]
+    def add(self, members: list[tuple[str, list[bytes | memoryview]]]) -> None:
+        """Append members (name, data chunks) in the given order, in one write (one sample: a few members)."""
+        parts: list[bytes | memoryview] = []
+        for name, chunks in members:
+            size = sum(len(c) for c in chunks)
+            parts += [tar_header(name, size), *chunks, tarfile.NUL * (-size % BLOCK)]
         self._out.write(b"".join(parts))
 
     def __enter__(self) -> _TarWriter:
@@ -302,11 +324,18 @@ def _audio_reason(message: str) -> str:
 
 
 def _add_sample(tar: _TarWriter, key: str, text: str, feats: np.ndarray, meta: dict) -> None:
+    """One sample's members in sorted order: KEY.feats.npy (np.save's bytes), KEY.json, KEY.txt."""
+    tar.add(
+        [
+            (f"{key}.feats.npy", [_npy_header(feats), memoryview(np.ascontiguousarray(feats)).cast("B")]),
+            (f"{key}.json", [json.dumps(meta, sort_keys=True).encode()]),
+            (f"{key}.txt", [text.encode("utf-8")]),
+        ]
+    )
+
+
+def _npy_header(array: np.ndarray) -> bytes:
+    """The header ``np.save`` writes before the raw C-order data (format version 1.0)."""
     buf = io.BytesIO()
-    np.save(buf, feats, allow_pickle=False)
-    members = {
-        f"{key}.feats.npy": buf.getvalue(),
-        f"{key}.json": json.dumps(meta, sort_keys=True).encode(),
-        f"{key}.txt": text.encode("utf-8"),
-    }
-    tar.add({name: members[name] for name in sorted(members)})
+    np.lib.format.write_array_header_1_0(buf, np.lib.format.header_data_from_array_1_0(array))
+    return buf.getvalue()

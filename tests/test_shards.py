@@ -21,6 +21,7 @@ from asr.audio import SPECTROGRAM_8K, featurize
 from asr.text import normalize
 from data_prep.manifests import ManifestError
 from data_prep.shard import TooManyRejects, shard_manifest
+from data_prep.shards import tar_header, tarfile_header
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUTS = ("index.json", "cmvn.json", "rejects.jsonl")
@@ -262,3 +263,17 @@ def test_long_and_unsafe_ids_become_readable_keys(speech_corpus, tmp_path):
     samples = list(wds.WebDataset(str(tmp_path / "out" / "train-000000.tar"), shardshuffle=False))
     assert sorted(s["__key__"] for s in samples) == sorted(["spk1_chapter_7_" + "x" * 150, "café_utt_2"])
     assert sorted(json.loads(s["json"])["id"] for s in samples) == sorted(ids)  # traceable to the corpus
+
+
+@pytest.mark.parametrize(
+    "name,size",
+    [
+        ("a.txt", 0),
+        ("train-000001.feats.npy", 57_728),
+        ("x" * 99, 8**11 - 1),
+        ("x" * 100, 5),
+        ("café.txt", 9),
+    ],
+)
+def test_fast_tar_header_is_the_one_tarfile_writes(name, size):
+    assert tar_header(name, size) == tarfile_header(name, size)
