@@ -205,7 +205,7 @@ def main() -> None:
     parser.add_argument("--utterances", type=int, default=200)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--loader-epochs", type=int, default=5)
+    parser.add_argument("--loader-epochs", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
