@@ -79,9 +79,8 @@ def bare_loop(manifest: Path) -> float:
 
 
 def shard_run(manifest: Path, workers: int) -> float:
-    """Audio seconds of a fresh shard job into OUT/shards-w{workers}."""
+    """Audio seconds of a shard job into OUT/shards-w{workers} (emptied beforehand, outside the timing)."""
     out = OUT / f"shards-w{workers}"
-    shutil.rmtree(out, ignore_errors=True)
     summary = shard_manifest(manifest, out, workers=workers, max_shard_utterances=100, progress=False)
     return summary["hours"] * 3600
 
@@ -97,6 +96,7 @@ MODES = {
     "shard workers=2": lambda m: shard_run(m, 2),
 }
 BARE, W1, W2 = MODES
+SHARD_DIRS = {W1: OUT / "shards-w1", W2: OUT / "shards-w2"}
 
 
 def measure(manifest: Path, rounds: int) -> tuple[float, dict[str, list[float]], dict[str, list[float]]]:
@@ -106,6 +106,8 @@ def measure(manifest: Path, rounds: int) -> tuple[float, dict[str, list[float]],
     audio = []
     for _ in range(rounds):
         for mode, run in MODES.items():
+            if mode in SHARD_DIRS:
+                shutil.rmtree(SHARD_DIRS[mode], ignore_errors=True)
             wall, cpu = time.perf_counter(), cpu_seconds()
             audio.append(run(manifest))
             walls[mode].append(time.perf_counter() - wall)
