@@ -23,6 +23,7 @@ from typing import BinaryIO
 import fsspec
 import numpy as np
 import torch
+from torch.nn.utils.rnn import pad_sequence
 from webdataset.tariterators import group_by_keys
 
 from asr.audio import spec_augment
@@ -276,14 +277,9 @@ def decode_sample(s: Sample, tokenizer: Tokenizer, augment: bool, drops: Counter
 
 def collate(samples: list[Sample]) -> Batch:
     """Pads decoded samples: feats [B, T, D] float32, feat_lens [B], targets [B, S], target_lens [B]."""
-    lens = [s["feats"].shape[0] for s in samples]
-    longest, longest_text = max(lens), max(len(s["tokens"]) for s in samples)
-    feats = torch.empty(len(samples), longest, samples[0]["feats"].shape[1])  # NOTE: only padding is zeroed
-    for i, (s, n) in enumerate(zip(samples, lens, strict=True)):
-        feats[i, :n] = s["feats"]
-        feats[i, n:] = 0.0
-    targets = torch.tensor([s["tokens"] + [0] * (longest_text - len(s["tokens"])) for s in samples])
-    feat_lens = torch.tensor(lens)
+    feats = pad_sequence([s["feats"] for s in samples], batch_first=True)  # zero padding
+    targets = pad_sequence([torch.tensor(s["tokens"]) for s in samples], batch_first=True)  # blank padding
+    feat_lens = torch.tensor([s["feats"].shape[0] for s in samples])
     target_lens = torch.tensor([len(s["tokens"]) for s in samples])
     return {
         "feats": feats,
