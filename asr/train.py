@@ -10,6 +10,7 @@ summary.json and bundle.pt (the self-contained model for evaluation and serving)
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import math
@@ -156,8 +157,11 @@ def build_callbacks(cfg: TrainConfig, run_dir: Path) -> list[L.Callback]:
 def build_strategy(cfg: TrainerConfig) -> str | DDPStrategy:
     if cfg.strategy != "ddp":
         return cfg.strategy
-    # NOTE: our only buffers (CMVN) are identical on all ranks, so no per-forward broadcast is needed
-    return DDPStrategy(process_group_backend=cfg.process_group_backend, broadcast_buffers=False)
+    # NOTE: our only buffers (CMVN) are identical on all ranks, so no per-forward broadcast is needed;
+    # newer torch renamed the option (the old name warns)
+    ddp_params = inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters
+    no_sync = "forward_sync_buffers" if "forward_sync_buffers" in ddp_params else "broadcast_buffers"
+    return DDPStrategy(process_group_backend=cfg.process_group_backend, **{no_sync: False})
 
 
 def build_trainer(cfg: TrainConfig, run_dir: Path, callbacks: list[L.Callback]) -> L.Trainer:
@@ -307,10 +311,23 @@ def report(
     return summary
 
 
+def shutdown_distributed() -> None:
+    """Waits for every rank, then closes the process group.
+
+    NOTE: left to interpreter exit, gloo's threads can abort a rank ("terminate called without an active
+    exception"), and torchrun's agents then wait on each other's exit barrier for minutes.
+    """
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
 def train(cfg: TrainConfig, run_dir: Path) -> dict:
     """Fits a model as configured; returns the summary (also written to ``run_dir/summary.json``)."""
     trainer, system, dm = fit(cfg, run_dir)
-    return report(cfg, run_dir, trainer, system, dm)
+    summary = report(cfg, run_dir, trainer, system, dm)
+    shutdown_distributed()
+    return summary
 
 
 register_configs()

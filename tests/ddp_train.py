@@ -12,7 +12,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from asr.train import fit, report
+from asr.train import fit, report, shutdown_distributed
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
@@ -23,3 +23,4 @@ if __name__ == "__main__":
     trainer, system, dm = fit(cfg, run_dir)
     torch.save(system.model.state_dict(), run_dir / f"weights-rank{trainer.global_rank}.pt")
     report(cfg, run_dir, trainer, system, dm)
+    shutdown_distributed()

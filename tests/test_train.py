@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -166,33 +167,30 @@ def test_two_node_ddp_on_uneven_shards(tiny_shards, tmp_path):
     config += ["trainer.strategy=ddp", "trainer.num_nodes=2", "trainer.process_group_backend=gloo"]
     config += ["trainer.max_epochs=1", "trainer.checkpoint_every_n_steps=1000", "data.num_workers=0"]
     config += ["data.steps_per_epoch=10"]  # rank 0 has 8 utterances, rank 1 has 4 and wraps
+    logs = [tmp_path / f"node{rank}.log" for rank in range(2)]
+    torchrun = [PYTHON, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1"]
+    torchrun += ["--master-addr=127.0.0.1", f"--master-port={port}"]
     procs = [
         subprocess.Popen(
-            [
-                PYTHON,
-                "-m",
-                "torch.distributed.run",
-                "--nnodes=2",
-                "--nproc-per-node=1",
-                f"--node-rank={rank}",
-                "--master-addr=127.0.0.1",
-                f"--master-port={port}",
-                str(ROOT / "tests" / "ddp_train.py"),
-                *config,
-            ],
+            [*torchrun, f"--node-rank={rank}", str(ROOT / "tests" / "ddp_train.py"), *config],
             cwd=tmp_path,
             env=_env(),
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )  # fmt: skip
+            stderr=logs[rank].open("w"),
+            start_new_session=True,  # the agent and its worker are killed together
+        )
         for rank in range(2)
     ]
     try:
-        errors = [p.communicate(timeout=TIMEOUT_S)[1].decode() for p in procs]
+        codes = [p.wait(timeout=TIMEOUT_S) for p in procs]
+    except subprocess.TimeoutExpired:
+        codes = None
     finally:
         for p in procs:
-            p.kill()
-    assert [p.returncode for p in procs] == [0, 0], errors[0][-2000:] + errors[1][-2000:]
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+    tails = "".join(f"\n--- node {r} ---\n" + logs[r].read_text()[-3000:] for r in range(2))
+    assert codes == [0, 0], tails
 
     keys = [_read_keys(run / f"keys-rank{r}.tsv") for r in range(2)]
     steps = [sorted({row[0] for row in k}) for k in keys]
