@@ -331,6 +331,13 @@ class ShardStream(torch.utils.data.IterableDataset):
         self.seed, self.shuffle, self.rank, self.world_size = seed, shuffle, rank, world_size
         self.positions: dict[int, StreamPosition] = {}  # worker id -> position; set before each iter()
 
+    def __getstate__(self) -> dict:
+        """Picklable for loader workers started by a forkserver: the tokenizer travels as its model bytes."""
+        return {**self.__dict__, "tokenizer": self.tokenizer.proto}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update({**state, "tokenizer": Tokenizer(state["tokenizer"])})
+
     def worker_shards(self, epoch: int, worker: int, num_workers: int, wrap: int = 0) -> list[dict]:
         """The shards one worker reads in ``epoch`` (a wrap pass rereads them in a new order)."""
         mine = split_shards(

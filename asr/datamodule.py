@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import multiprocessing
 from dataclasses import dataclass
 
 import lightning as L
@@ -48,6 +49,19 @@ class DataConfig:
     batch_fill_estimate: float = 0.8  # expected real frames / max_frames_per_batch, for the estimate
 
 
+def worker_context(num_workers: int):
+    """Loader workers start from a clean forkserver (with our modules preloaded), not a fork of the trainer.
+
+    NOTE: forking a process whose threads (OpenMP, gloo, loggers) may hold locks can deadlock the child;
+    we saw a worker hang on a futex that way. The server is started once; workers then start in milliseconds.
+    """
+    if num_workers == 0:
+        return None
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["asr.data"])
+    return ctx
+
+
 def estimate_steps_per_epoch(shards: list[dict], world_size: int, max_frames: int, fill: float) -> int:
     """Batches per rank per epoch: the fullest rank's frames over the expected frames per batch."""
     return max(1, math.ceil(rank_frames_upper_bound(shards, world_size) / (max_frames * fill)))
@@ -63,7 +77,13 @@ class ResumableLoader(DataLoader):
     """
 
     def __init__(self, stream: ShardStream, steps_per_epoch: int, num_workers: int = 0):
-        super().__init__(stream, batch_size=None, num_workers=num_workers, persistent_workers=False)
+        super().__init__(
+            stream,
+            batch_size=None,
+            num_workers=num_workers,
+            persistent_workers=False,
+            multiprocessing_context=worker_context(num_workers),
+        )
         self.steps_per_epoch = steps_per_epoch
         self._next_epoch = 0
         self._resume: dict | None = None
@@ -193,7 +213,10 @@ class ShardDataModule(L.LightningDataModule):
         stream = ShardStream(
             self.val_index["shards"], self.tokenizer, self._options(False), 0, False, rank, world
         )
-        return DataLoader(stream, batch_size=None, num_workers=min(1, self.cfg.num_workers))
+        workers = min(1, self.cfg.num_workers)
+        return DataLoader(
+            stream, batch_size=None, num_workers=workers, multiprocessing_context=worker_context(workers)
+        )
 
 
 def batch_to_device(batch: dict, device: torch.device) -> dict:
