@@ -60,7 +60,8 @@ $(RUN)/tokenizer.model: $(RUN)/shards/train/index.json
 
 $(RUN)/train/bundle.pt: $(RUN)/shards/train/index.json $(RUN)/shards/dev/index.json $(RUN)/tokenizer.model
 	$(PY) -m asr.train run_dir=$(RUN)/train data=tiny data.train_dir=$(RUN)/shards/train \
-	  data.val_dir=$(RUN)/shards/dev data.tokenizer=$(RUN)/tokenizer.model trainer.max_time=$(DEMO_MAX_TIME)
+	  data.val_dir=$(RUN)/shards/dev data.tokenizer=$(RUN)/tokenizer.model trainer.max_time=$(DEMO_MAX_TIME) \
+	  optim=adamw_time data.spec_augment=false trainer.check_val_every_n_epoch=2
 
 $(RUN)/eval/summary.json: $(RUN)/train/bundle.pt $(RUN)/shards/test/index.json
 	$(PY) -m asr.evaluate model=$(RUN)/train/bundle.pt data=$(RUN)/shards/test out_dir=$(RUN)/eval

@@ -51,6 +51,7 @@ class PipelineOptions:
     max_frames_per_batch: int = 20_000  # padded frames (batch size x longest utterance) per batch
     max_duration: float = 30.0  # seconds; longer utterances are dropped (counted)
     min_frames: int = 7  # fewer frames than this leave nothing after 4x subsampling
+    subsampling_factor: int = 4  # the model's: utterances with more tokens than output frames are dropped
     shuffle_buffer: int = 1_000  # samples; 0 disables sample shuffling
     sort_buffer: int = 500  # samples sorted by length together before batching (bucketing); 0 disables
     spec_augment: bool = False  # training only
@@ -259,7 +260,9 @@ def read_npy(data: bytes) -> torch.Tensor:
     return torch.from_numpy(np.load(io.BytesIO(data), allow_pickle=False))
 
 
-def decode_sample(s: Sample, tokenizer: Tokenizer, augment: bool, drops: Counter) -> Sample | None:
+def decode_sample(
+    s: Sample, tokenizer: Tokenizer, augment: bool, drops: Counter, subsampling_factor: int = 4
+) -> Sample | None:
     """Decodes features [T, D] (float16 -> float32) and tokenizes; None when CTC could not align it."""
     try:
         feats = read_npy(s["feats.npy"]).float()  # NOTE: float16 arithmetic on a CPU is slow
@@ -267,7 +270,7 @@ def decode_sample(s: Sample, tokenizer: Tokenizer, augment: bool, drops: Counter
         drops[f"bad features: {type(e).__name__}"] += 1
         return None
     tokens = tokenizer.encode(s["text"])
-    if feats.ndim != 2 or len(tokens) > subsampled_lengths(feats.shape[0]):
+    if feats.ndim != 2 or len(tokens) > subsampled_lengths(feats.shape[0], subsampling_factor):
         drops["more tokens than output frames"] += 1
         return None
     if augment:
@@ -368,7 +371,9 @@ class ShardStream(torch.utils.data.IterableDataset):
         for i, raw in enumerate(bucket_batches(samples, opt.max_frames_per_batch, opt.sort_buffer, rng)):
             if i < pos.skip_batches:
                 continue
-            decoded = [decode_sample(s, self.tokenizer, opt.spec_augment, drops) for s in raw]
+            decoded = [
+                decode_sample(s, self.tokenizer, opt.spec_augment, drops, opt.subsampling_factor) for s in raw
+            ]
             decoded = [s for s in decoded if s is not None]
             batch = collate(decoded) if decoded else None
             if batch is None:  # every sample failed: an empty batch keeps the batch count deterministic

@@ -166,9 +166,10 @@ class ResumableLoader(DataLoader):
 class ShardDataModule(L.LightningDataModule):
     """Train/val loaders over shard directories; exposes the tokenizer, feature config and CMVN stats."""
 
-    def __init__(self, cfg: DataConfig):
+    def __init__(self, cfg: DataConfig, subsampling_factor: int = 4):
         super().__init__()
         self.cfg = cfg
+        self.subsampling_factor = subsampling_factor  # the model's; drops utterances CTC cannot align
         self.tokenizer = Tokenizer(cfg.tokenizer)
         self.train_index = read_index(cfg.train_dir)
         self.val_index = read_index(cfg.val_dir)
@@ -196,6 +197,7 @@ class ShardDataModule(L.LightningDataModule):
             shuffle_buffer=c.shuffle_buffer if train else 0,
             sort_buffer=c.sort_buffer,
             spec_augment=c.spec_augment and train,
+            subsampling_factor=self.subsampling_factor,
         )
 
     def train_dataloader(self) -> ResumableLoader:

@@ -34,12 +34,6 @@ def log_probs_batch(model: nn.Module, feats: list[torch.Tensor]) -> list[torch.T
     return [lp[b, :n] for b, n in enumerate(out_lens.tolist())]
 
 
-def output_frames(num_feature_frames: int) -> int:
+def output_frames(num_feature_frames: int, factor: int = 4) -> int:
     """Model output frames for ``num_feature_frames`` input frames (the conv subsampling's arithmetic)."""
-    return int(subsampled_lengths(torch.tensor([num_feature_frames]))[0])
-
-
-def subsampling_factor() -> int:
-    """Input feature frames per model output frame (4 for the conv subsampling)."""
-    probe = 4096
-    return round(probe / output_frames(probe))
+    return int(subsampled_lengths(num_feature_frames, factor))

@@ -16,7 +16,7 @@ from torch import nn
 from asr.audio import FeatureConfig
 from asr.bundle import Bundle
 from asr.decoding import Decoder, DecodingOptions, DecodingResult, build_decoder
-from asr.inference import log_probs_batch, subsampling_factor
+from asr.inference import log_probs_batch
 from asr.tokenizer import Tokenizer
 
 WORD_START = "\u2581"  # sentencepiece's word-boundary marker
@@ -51,10 +51,11 @@ class Transcript:
     result: DecodingResult  # the whole-recording decoding (tokens and their output frames)
 
 
-def plan_chunks(num_frames: int, cfg: ChunkingConfig, feature: FeatureConfig) -> list[tuple[int, int]]:
+def plan_chunks(
+    num_frames: int, cfg: ChunkingConfig, feature: FeatureConfig, factor: int = 4
+) -> list[tuple[int, int]]:
     """Feature-frame spans [start, end) covering ``num_frames`` with overlap; starts are multiples of the
-    model's subsampling factor, so chunk outputs line up exactly with the whole-recording output grid."""
-    factor = subsampling_factor()
+    model's subsampling ``factor``, so chunk outputs line up exactly with the whole-recording output grid."""
     fps = feature.frames_per_second
     chunk = max(factor, round(cfg.chunk_s * fps / factor) * factor)
     stride = max(factor, chunk - round(cfg.overlap_s * fps / factor) * factor)
@@ -67,16 +68,17 @@ def plan_chunks(num_frames: int, cfg: ChunkingConfig, feature: FeatureConfig) ->
 
 
 def split_features(
-    feats: torch.Tensor, cfg: ChunkingConfig, feature: FeatureConfig
+    feats: torch.Tensor, cfg: ChunkingConfig, feature: FeatureConfig, factor: int = 4
 ) -> tuple[list[torch.Tensor], list[tuple[int, int]]]:
     """[T, D] -> (chunks [t_i, D] (views), their spans in feature frames)."""
-    spans = plan_chunks(feats.shape[0], cfg, feature)
+    spans = plan_chunks(feats.shape[0], cfg, feature, factor)
     return [feats[s:e] for s, e in spans], spans
 
 
-def stitch(chunk_log_probs: list[torch.Tensor], spans: list[tuple[int, int]]) -> torch.Tensor:
+def stitch(
+    chunk_log_probs: list[torch.Tensor], spans: list[tuple[int, int]], factor: int = 4
+) -> torch.Tensor:
     """Per-chunk log-probs [t'_i, V] -> one [T', V], cutting each overlap in its middle (output frames)."""
-    factor = subsampling_factor()
     offsets = [s // factor for s, _ in spans]  # global output frame of each chunk's first frame
     cuts = [0] + [
         (s + (prev_end - s) // 2) // factor
@@ -90,9 +92,9 @@ def stitch(chunk_log_probs: list[torch.Tensor], spans: list[tuple[int, int]]) ->
     return torch.cat(pieces, dim=0)
 
 
-def frame_seconds(feature: FeatureConfig) -> float:
+def frame_seconds(feature: FeatureConfig, factor: int = 4) -> float:
     """Seconds per model output frame."""
-    return subsampling_factor() / feature.frames_per_second
+    return factor / feature.frames_per_second
 
 
 def make_segments(
@@ -148,6 +150,8 @@ class Transcriber:
     ):
         self.model, self.decoder, self.tokenizer = model, decoder, tokenizer
         self.feature, self.chunking, self.max_batch = feature, chunking, max_batch
+        # NOTE: a plain nn.Module without a config (tests, other models) is taken to subsample 4x
+        self.factor = getattr(getattr(model, "cfg", None), "subsampling_factor", 4)
 
     @classmethod
     def from_bundle(cls, bundle: Bundle, options: DecodingOptions | None = None, **kwargs) -> Transcriber:
@@ -157,12 +161,12 @@ class Transcriber:
 
     def __call__(self, recordings: list[tuple[torch.Tensor, float]]) -> list[Transcript]:
         """[(features [T, D], duration in seconds)] -> one Transcript per recording."""
-        plans = [split_features(feats, self.chunking, self.feature) for feats, _ in recordings]
+        plans = [split_features(feats, self.chunking, self.feature, self.factor) for feats, _ in recordings]
         chunks = [c for cs, _ in plans for c in cs]
         lps = self.log_probs(chunks)
         out, i = [], 0
         for (cs, spans), (_, duration) in zip(plans, recordings, strict=True):
-            out.append(self._transcript(stitch(lps[i : i + len(cs)], spans), duration))
+            out.append(self._transcript(stitch(lps[i : i + len(cs)], spans, self.factor), duration))
             i += len(cs)
         return out
 
@@ -179,6 +183,6 @@ class Transcriber:
     def _transcript(self, log_probs: torch.Tensor, duration: float) -> Transcript:
         """Stitched log-probs [T', V] -> Transcript."""
         result = self.decoder.decode(log_probs[None], torch.tensor([log_probs.shape[0]]))[0]
-        frame_s = frame_seconds(self.feature)
+        frame_s = frame_seconds(self.feature, self.factor)
         segments = make_segments(result, self.tokenizer, frame_s, duration, self.chunking)
         return Transcript(result.text, tuple(segments), duration, result)

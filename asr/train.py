@@ -106,7 +106,7 @@ def register_configs() -> None:
 
 
 def build_datamodule(cfg: TrainConfig) -> ShardDataModule:
-    return ShardDataModule(cfg.data)
+    return ShardDataModule(cfg.data, cfg.model.subsampling_factor)
 
 
 def build_system(cfg: TrainConfig, dm: ShardDataModule, run_dir: Path) -> ASRSystem:
@@ -122,13 +122,21 @@ def build_system(cfg: TrainConfig, dm: ShardDataModule, run_dir: Path) -> ASRSys
 
 
 def build_optim(cfg: TrainConfig, dm: ShardDataModule) -> OptimConfig:
-    """The optimizer config with the run's total optimizer steps filled in (for the cosine schedule)."""
+    """The optimizer config with the run's total optimizer steps (cosine) or seconds (cosine_time) filled in."""
+    if cfg.optim.schedule == "cosine_time" and cfg.optim.total_seconds <= 0 and cfg.trainer.max_time:
+        return replace(cfg.optim, total_seconds=max_time_seconds(cfg.trainer.max_time))
     if cfg.optim.total_steps > 0:
         return cfg.optim
     t = cfg.trainer
     per_epoch = math.ceil(dm.steps_per_epoch(t.devices * t.num_nodes) / t.accumulate_grad_batches)
     total = t.max_steps if t.max_steps > 0 else t.max_epochs * per_epoch
     return replace(cfg.optim, total_steps=total)
+
+
+def max_time_seconds(max_time: str) -> float:
+    """Lightning's "DD:HH:MM:SS" -> seconds."""
+    days, hours, minutes, seconds = (float(x) for x in max_time.split(":"))
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
 def build_callbacks(cfg: TrainConfig, run_dir: Path) -> list[L.Callback]:
@@ -273,9 +281,15 @@ def total_audio_seconds(trainer: L.Trainer, system: ASRSystem) -> float:
 
 
 def export_bundle(run_dir: Path, system: ASRSystem, dm: ShardDataModule, summary: dict) -> Path:
-    """bundle.pt from the best checkpoint's weights (the final weights when there is none)."""
+    """bundle.pt from the best checkpoint's weights, or the final weights when they validated best (or none)."""
     best = run_dir / CHECKPOINT_DIR / f"{BEST_CHECKPOINT}.ckpt"
-    if best.exists():
+    history = system.val_history
+    final_is_best = (
+        bool(history)
+        and history[-1]["step"] == system.global_step
+        and history[-1]["loss"] <= min(h["loss"] for h in history)
+    )
+    if best.exists() and not final_is_best:
         state = torch.load(best, map_location="cpu", weights_only=False)["state_dict"]
         system.load_state_dict(state)
     extra = {"summary": {k: v for k, v in summary.items() if k != "val_history"}, "run_dir": str(run_dir)}
@@ -295,6 +309,9 @@ def fit(cfg: TrainConfig, run_dir: Path) -> tuple[L.Trainer, ASRSystem, ShardDat
     system = build_system(cfg, dm, run_dir)
     trainer = build_trainer(cfg, run_dir, build_callbacks(cfg, run_dir))
     trainer.fit(system, dm, ckpt_path=resolve_resume(cfg, run_dir))
+    if system.val_history and system.val_history[-1]["step"] < trainer.global_step:
+        # NOTE: a run stopped by max_time ends between validations, with its best (annealed) weights unseen
+        trainer.validate(system, datamodule=dm, verbose=False)
     return trainer, system, dm
 
 

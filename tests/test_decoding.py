@@ -15,7 +15,7 @@ from asr.decoding import (
     build_decoder,
     greedy_ctc,
 )
-from asr.inference import log_probs_batch, output_frames, subsampling_factor
+from asr.inference import log_probs_batch, output_frames
 from asr.longform import ChunkingConfig, Transcriber, make_segments, plan_chunks, split_features, stitch
 from asr.model import ASRModel, ModelConfig
 from asr.tokenizer import train_tokenizer
@@ -119,25 +119,25 @@ def test_decoding_options_reject_unknown_strategy():
         DecodingOptions(strategy="sampling")
 
 
-def test_chunks_cover_the_recording_on_the_subsampling_grid():
-    factor = subsampling_factor()
+@pytest.mark.parametrize("factor", [4, 8])
+def test_chunks_cover_the_recording_on_the_subsampling_grid(factor):
     cfg = ChunkingConfig(chunk_s=10.0, overlap_s=2.0)
     for num_frames in (5, 999, 1000, 1001, 4321, 60_000):
-        spans = plan_chunks(num_frames, cfg, FBANK_16K)
+        spans = plan_chunks(num_frames, cfg, FBANK_16K, factor)
         assert spans[0][0] == 0 and spans[-1][1] == num_frames
         assert all(s % factor == 0 for s, _ in spans)
         assert all(b[0] < a[1] for a, b in zip(spans, spans[1:], strict=False))  # consecutive chunks overlap
 
 
-def test_stitching_puts_every_output_frame_at_its_global_position():
+@pytest.mark.parametrize("factor", [4, 8])
+def test_stitching_puts_every_output_frame_at_its_global_position(factor):
     """Features carry their own frame index; a local fake model maps chunks to outputs; the stitched output
     must equal the whole-recording output, frame for frame."""
-    factor = subsampling_factor()
     feats = torch.arange(4321, dtype=torch.float32)[:, None].repeat(1, 2)  # [T, 2], feats[t] = t
-    chunks, spans = split_features(feats, ChunkingConfig(chunk_s=10.0, overlap_s=2.0), FBANK_16K)
-    fake = [c[::factor][: output_frames(c.shape[0])] for c in chunks]  # [t'_i, 2] "log-probs"
-    stitched = stitch(fake, spans)
-    assert stitched.shape[0] == output_frames(feats.shape[0])
+    chunks, spans = split_features(feats, ChunkingConfig(chunk_s=10.0, overlap_s=2.0), FBANK_16K, factor)
+    fake = [c[::factor][: output_frames(c.shape[0], factor)] for c in chunks]  # [t'_i, 2] "log-probs"
+    stitched = stitch(fake, spans, factor)
+    assert stitched.shape[0] == output_frames(feats.shape[0], factor)
     assert torch.equal(stitched[:, 0], torch.arange(stitched.shape[0]) * float(factor))
 
 
@@ -145,7 +145,7 @@ def test_segments_split_at_pauses_between_words(char_tokenizer):
     frames = spell("big") + [{}] * 30 + spell("dog")  # 30 blank frames = 1.2 s of silence
     lp = emissions(char_tokenizer, frames)
     result = GreedyDecoder(char_tokenizer).decode(lp, torch.tensor([lp.shape[1]]))[0]
-    frame_s = factor_seconds = subsampling_factor() / FBANK_16K.frames_per_second
+    frame_s = factor_seconds = 4 / FBANK_16K.frames_per_second
     segments = make_segments(result, char_tokenizer, frame_s, duration=10.0, cfg=ChunkingConfig(pause_s=0.8))
     assert [s.text for s in segments] == ["big", "dog"]
     assert segments[0].start == 0.0 and segments[0].end < segments[1].start

@@ -87,3 +87,23 @@ def test_bundle_rejects_mismatched_tokenizer(tmp_path, tokenizer):
     model = ASRModel(ModelConfig(vocab_size=tokenizer.vocab_size + 1, **TINY))
     with pytest.raises(ValueError, match="vocab"):
         save_bundle(tmp_path / "b.pt", model, FBANK_16K, tokenizer)
+
+
+@pytest.mark.parametrize("encoder", ["transformer", "conformer"])
+def test_8x_subsampling_halves_output_frames_and_ignores_padding(encoder):
+    model = ASRModel(ModelConfig(encoder=encoder, vocab_size=11, subsampling_factor=8, **TINY)).eval()
+    lens = torch.tensor([203, 150, 15])
+    logits, out_lens = model(torch.randn(3, 203, 80), lens)
+    assert out_lens.tolist() == [24, 18, 1]  # frame pairs, then ((T - 1) // 2 - 1) // 2
+    assert torch.equal(out_lens, subsampled_lengths(lens, 8)) and logits.shape == (3, 24, 11)
+    short = torch.randn(1, 61, 80)  # odd length: the last frame has no pair
+    padded = torch.cat([short, torch.randn(1, 40, 80) * 100], dim=1)
+    alone, n = model(short, torch.tensor([61]))
+    batched, m = model(padded, torch.tensor([61]))
+    assert n.item() == m.item() == 6
+    assert torch.allclose(alone, batched[:, : n.item()], atol=1e-4)
+
+
+def test_subsampling_factor_is_checked():
+    with pytest.raises(ValueError, match="subsampling_factor"):
+        ModelConfig(subsampling_factor=6)

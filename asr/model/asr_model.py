@@ -1,4 +1,4 @@
-"""``ASRModel``: global CMVN -> 4x conv subsampling -> encoder -> CTC head. A plain ``nn.Module``."""
+"""``ASRModel``: global CMVN -> 4x/8x conv subsampling -> encoder -> CTC head. A plain ``nn.Module``."""
 
 from __future__ import annotations
 
@@ -23,7 +23,9 @@ class ASRModel(nn.Module):
         self.cfg = cfg
         self.register_buffer("cmvn_mean", torch.zeros(cfg.input_dim))
         self.register_buffer("cmvn_std", torch.ones(cfg.input_dim))
-        self.subsampling = ConvSubsampling(cfg.input_dim, cfg.d_model, cfg.subsampling_channels)
+        self.subsampling = ConvSubsampling(
+            cfg.input_dim, cfg.d_model, cfg.subsampling_channels, cfg.subsampling_factor
+        )
         self.register_buffer("positions", sinusoidal_table(cfg.max_positions, cfg.d_model), persistent=False)
         self.dropout = nn.Dropout(cfg.dropout)
         self.encoder = Encoder(cfg)
@@ -35,7 +37,7 @@ class ASRModel(nn.Module):
         self.cmvn_std.copy_(torch.as_tensor(std, dtype=torch.float32).clamp(min=MIN_STD))
 
     def forward(self, feats: torch.Tensor, feat_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """feats [B, T, D] raw features, feat_lens [B] -> (logits [B, T', V], out_lens [B]), T' ~ T / 4."""
+        """feats [B, T, D] raw features, feat_lens [B] -> (logits [B, T', V], out_lens [B]), T' ~ T / subsampling_factor."""
         x = (feats.float() - self.cmvn_mean) / self.cmvn_std  # [B, T, D]
         x, out_lens = self.subsampling(x, feat_lens)  # [B, T', d]
         t = x.shape[1]
