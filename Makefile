@@ -10,6 +10,8 @@ DEMO_UTTERANCES ?= 4500
 DEMO_VOCAB ?= 256
 DEMO_MAX_TIME ?= 00:00:20:00
 WORKERS ?= 2
+DEMO_LM_WEIGHT ?= 0.5
+DEMO_WORD_SCORE ?= 0.0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := espeak-ng fortunes
 TEST_APT_PACKAGES := espeak-ng chromium chromium-driver
@@ -46,7 +48,7 @@ test: test-sysdeps $(VENV)/.installed
 demo: sysdeps $(VENV)/.installed
 	$(MAKE) --no-print-directory $(RUN)/eval/summary.json
 	$(PY) -m serve.try_api model=$(RUN)/train/bundle.pt manifest=$(RUN)/corpus/test.jsonl clips=2
-	@echo; echo "make demo: done. Every artifact is under $(RUN)/ (corpus, shards, tokenizer.model, train/, eval/)."
+	@echo; echo "make demo: done. Every artifact is under $(RUN)/ (corpus, shards, tokenizer.model, lm.arpa, train/, eval-greedy/, eval/)."
 
 $(RUN)/corpus/test.jsonl:
 	$(PY) -m data_prep.synth out_dir=$(RUN)/corpus num_utterances=$(DEMO_UTTERANCES) seed=0
@@ -61,10 +63,16 @@ $(RUN)/tokenizer.model: $(RUN)/shards/train/index.json
 $(RUN)/train/bundle.pt: $(RUN)/shards/train/index.json $(RUN)/shards/dev/index.json $(RUN)/tokenizer.model
 	$(PY) -m asr.train run_dir=$(RUN)/train data=tiny data.train_dir=$(RUN)/shards/train \
 	  data.val_dir=$(RUN)/shards/dev data.tokenizer=$(RUN)/tokenizer.model trainer.max_time=$(DEMO_MAX_TIME) \
-	  optim=adamw_time data.spec_augment=false trainer.check_val_every_n_epoch=2
+	  optim=adamw_time data.spec_augment=false trainer.check_val_every_n_epoch=2 trainer.monitor=val/wer
 
-$(RUN)/eval/summary.json: $(RUN)/train/bundle.pt $(RUN)/shards/test/index.json
-	$(PY) -m asr.evaluate model=$(RUN)/train/bundle.pt data=$(RUN)/shards/test out_dir=$(RUN)/eval
+$(RUN)/lm.arpa: $(RUN)/shards/train/index.json
+	$(PY) -m data_prep.lm input=$(RUN)/shards/train out=$@ order=3
+
+# Test-set WER twice: greedy CTC, then beam search with the word trigram LM of the training transcripts.
+$(RUN)/eval/summary.json: $(RUN)/train/bundle.pt $(RUN)/shards/test/index.json $(RUN)/lm.arpa
+	$(PY) -m asr.evaluate model=$(RUN)/train/bundle.pt data=$(RUN)/shards/test out_dir=$(RUN)/eval-greedy
+	$(PY) -m asr.evaluate model=$(RUN)/train/bundle.pt data=$(RUN)/shards/test out_dir=$(RUN)/eval \
+	  decoding=beam decoding.lm=$(RUN)/lm.arpa decoding.lm_weight=$(DEMO_LM_WEIGHT) decoding.word_score=$(DEMO_WORD_SCORE)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
