@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from asr.audio import FBANK_16K
 from asr.bundle import save_bundle
 from asr.model import ASRModel, ModelConfig
 from asr.tokenizer import train_tokenizer
+from serve.try_api import free_port
 
 STARTUP_TIMEOUT_S = 30.0
 
@@ -29,12 +29,6 @@ def make_tiny_bundle(out_dir: Path, sentences_file: Path, seed: int = 0) -> Path
         encoder="transformer", d_model=64, num_layers=2, num_heads=2, vocab_size=tokenizer.vocab_size
     )
     return save_bundle(out_dir / "tiny.pt", ASRModel(cfg).eval(), FBANK_16K, tokenizer)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

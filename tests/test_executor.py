@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ import fsspec
 import pytest
 
 from data_prep.shard import shard_manifest
+from serve.try_api import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 LOOPBACK = "127.0.0.1"
@@ -56,18 +56,12 @@ def test_dask_cluster_via_cli_gives_identical_shards(speech_corpus, reference, t
     assert output_bytes(out) == output_bytes(reference)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def s3():
     """An S3 endpoint (moto server on 127.0.0.1) with a bucket; s3fs is pointed at it."""
     from moto.server import ThreadedMotoServer
 
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address=LOOPBACK, port=port)
     server.start()
     options = {

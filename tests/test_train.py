@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from omegaconf import OmegaConf
 
 from asr.bundle import load_bundle
 from asr.train import TrainConfig, convergence_step
+from serve.try_api import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -141,12 +141,6 @@ def test_kill9_mid_epoch_then_resume_sees_each_utterance_once(tiny_shards, tmp_p
     assert not list(tmp_path.glob("outputs")) and not (tmp_path / ".hydra").exists()  # cwd not littered
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _three_shard_dir(shards: dict, out: Path) -> Path:
     """The first 3 of the 4 train shards: a count the 2 ranks cannot share evenly."""
     index = json.loads((shards["train"] / "index.json").read_text())
@@ -163,7 +157,7 @@ def _three_shard_dir(shards: dict, out: Path) -> Path:
 def test_two_node_ddp_on_uneven_shards(tiny_shards, tmp_path):
     train_dir = _three_shard_dir(tiny_shards, tmp_path / "train3")
     run = tmp_path / "run"
-    port = _free_port()
+    port = free_port()
     config = [*TINY_RUN, *_data_args(tiny_shards, train_dir), f"run_dir={run}", "record_keys=true"]
     config += ["trainer.strategy=ddp", "trainer.num_nodes=2", "trainer.process_group_backend=gloo"]
     config += ["trainer.max_epochs=1", "trainer.checkpoint_every_n_steps=1000", "data.num_workers=0"]
