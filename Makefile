@@ -10,7 +10,7 @@ DEMO_UTTERANCES ?= 4500
 DEMO_VOCAB ?= 256
 DEMO_MAX_TIME ?= 00:00:20:00
 WORKERS ?= 2
-DEMO_LM_WEIGHT ?= 0.5
+DEMO_LM_WEIGHT ?= 1.0
 DEMO_WORD_SCORE ?= 0.0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := espeak-ng fortunes
