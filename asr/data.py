@@ -38,6 +38,7 @@ NPY_PREFIX = 10  # magic (6), version (2), header length (2)
 _NPY_SHAPE = re.compile(rb"'shape': \((\d+), (\d+)\)")
 TAR_BLOCK = 512
 TAR_EMPTY_BLOCK = bytes(TAR_BLOCK)
+MIN_FRAMES_4X = 7  # ((7 - 1) // 2 - 1) // 2 = 1 output frame of the two stride-2 convs
 SEED_STRIDE = 1_000_003  # mixes (seed, epoch, rank, worker) into distinct RNG seeds
 
 Sample = dict
@@ -50,11 +51,15 @@ class PipelineOptions:
 
     max_frames_per_batch: int = 20_000  # padded frames (batch size x longest utterance) per batch
     max_duration: float = 30.0  # seconds; longer utterances are dropped (counted)
-    min_frames: int = 7  # fewer frames than this leave nothing after 4x subsampling
     subsampling_factor: int = 4  # the model's: utterances with more tokens than output frames are dropped
     shuffle_buffer: int = 1_000  # samples; 0 disables sample shuffling
     sort_buffer: int = 500  # samples sorted by length together before batching (bucketing); 0 disables
     spec_augment: bool = False  # training only
+
+    @property
+    def min_frames(self) -> int:
+        """Fewest feature frames that leave one output frame after the model's subsampling (7 at 4x, 14 at 8x)."""
+        return MIN_FRAMES_4X * (self.subsampling_factor // 4)
 
 
 # --- shard index ------------------------------------------------------------------------------------------
